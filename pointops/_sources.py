@@ -1,0 +1,56 @@
+"""Where the C++/CUDA sources are and how they are compiled.
+
+Shared by setup.py and the JIT loader so that both build exactly the same thing. It imports
+nothing from the package, so setup.py can load it by path before the package is built.
+"""
+import os
+import sys
+from pathlib import Path
+
+# csrc/ sits next to the package in a source checkout (and in an editable install).
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+
+
+def source_files(with_cuda: bool, root: Path = CSRC):
+    """Sorted sources: every .cpp, plus every .cu for a CUDA build."""
+    files = sorted(str(p) for p in root.rglob("*.cpp"))
+    if with_cuda:
+        files += sorted(str(p) for p in root.rglob("*.cu"))
+    return files
+
+
+def define_macros(version: str, with_cuda: bool):
+    import torch
+
+    macros = [("POINTOPS_VERSION", f'"{version}"')]
+    if with_cuda:
+        macros += [("POINTOPS_WITH_CUDA", None), ("POINTOPS_CUDA_VERSION", f'"{torch.version.cuda}"')]
+    return macros
+
+
+def cxx_flags():
+    flags = ["-O3", "-std=c++17"]
+    if sys.platform != "win32":
+        # at::parallel_for is a header template: without -fopenmp it silently runs serially.
+        flags += ["-fopenmp"]
+    return flags
+
+
+def nvcc_flags():
+    return ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
+
+
+def link_flags():
+    return ["-fopenmp"] if sys.platform != "win32" else []
+
+
+def want_cuda() -> bool:
+    """CUDA build when torch has CUDA and a CUDA compiler is found, or when FORCE_CUDA=1."""
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if os.environ.get("FORCE_CUDA", "0") == "1":
+        return True
+    if os.environ.get("POINTOPS_CPU_ONLY", "0") == "1":
+        return False
+    return torch.version.cuda is not None and CUDA_HOME is not None
