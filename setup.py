@@ -29,6 +29,7 @@ def extensions():
     kwargs = dict(
         name="pointops._C",
         sources=files,
+        include_dirs=[str(ROOT / "csrc")],
         define_macros=sources.define_macros(version, with_cuda),
         extra_compile_args={"cxx": sources.cxx_flags(), "nvcc": sources.nvcc_flags()},
         extra_link_args=sources.link_flags(),

@@ -35,6 +35,7 @@ def _jit_build():
         extra_cflags=_sources.cxx_flags() + defines,
         extra_cuda_cflags=_sources.nvcc_flags() + defines if with_cuda else None,
         extra_ldflags=_sources.link_flags(),
+        extra_include_paths=[str(_sources.CSRC)],
         with_cuda=with_cuda,
         is_python_module=True,
         verbose=os.environ.get("POINTOPS_JIT_VERBOSE", "0") == "1",

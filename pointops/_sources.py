@@ -29,7 +29,7 @@ def define_macros(version: str, with_cuda: bool):
 
 
 def cxx_flags():
-    flags = ["-O3", "-std=c++17"]
+    flags = ["-O3"]  # the C++ standard is torch's choice (c++17 or c++20 by version)
     if sys.platform != "win32":
         # at::parallel_for is a header template: without -fopenmp it silently runs serially.
         flags += ["-fopenmp"]
@@ -37,7 +37,7 @@ def cxx_flags():
 
 
 def nvcc_flags():
-    return ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
+    return ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
 
 
 def link_flags():

@@ -1,7 +1,16 @@
 // Small CUDA helpers shared by the kernels of every op family.
+//
+// Include this (and c10/cuda/*) rather than ATen/cuda/CUDAContext.h: that header pulls in
+// cuSPARSE/cuBLAS/cuSOLVER headers, which a bare nvcc (our CI's compile check) does not have.
+// c10::cuda::getCurrentCUDAStream() is the stream at::cuda::getCurrentCUDAStream() returns.
 #pragma once
 
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
 #include <cstdint>
 
 namespace pointops {
@@ -12,7 +21,9 @@ __host__ __device__ constexpr T ceil_div(T a, T b) {
 }
 
 inline int multiprocessor_count() {
-  return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  int count = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, c10::cuda::current_device()));
+  return count;
 }
 
 // A grid-stride-loop grid for `n` elements: enough blocks to fill the device, never 0.

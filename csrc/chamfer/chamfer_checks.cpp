@@ -1,0 +1,81 @@
+// Input validation and device-independent helpers for nearest_neighbor / chamfer, shared by the
+// CPU and CUDA launchers (pointops/chamfer.py mirrors the shape checks in its fake kernels).
+#include "chamfer/chamfer.h"
+
+#include <limits>
+#include <vector>
+
+#include "common/checks.h"
+
+namespace pointops {
+namespace {
+
+at::Tensor check_lengths(const c10::optional<at::Tensor>& lengths, const char* name,
+                         const at::Tensor& points, const char* points_name) {
+  if (!lengths.has_value() || !lengths->defined()) return at::Tensor();
+  const at::Tensor& l = *lengths;
+  TORCH_CHECK(l.scalar_type() == at::kLong || l.scalar_type() == at::kInt, name,
+              " must be an int64 (or int32) tensor, got ", l.scalar_type());
+  TORCH_CHECK(l.dim() == 1 && l.size(0) == points.size(0), name, " must have shape (B,) = (",
+              points.size(0), ",) to match ", points_name, ", got shape ", l.sizes());
+  check_same_device(l, points, name, points_name);
+  if (l.numel() > 0) {
+    // One host copy of two numbers: a length outside [0, size] would read past the cloud.
+    const auto [lo, hi] = at::aminmax(l);
+    const int64_t min_len = lo.item<int64_t>(), max_len = hi.item<int64_t>();
+    TORCH_CHECK(min_len >= 0 && max_len <= points.size(1), name, " must lie in [0, ",
+                points.size(1), "] (the number of points of ", points_name, "), got values in [",
+                min_len, ", ", max_len, "]");
+  }
+  return l.to(at::kLong).contiguous();
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> check_nearest_neighbor_inputs(
+    const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& x_lengths,
+    const c10::optional<at::Tensor>& y_lengths) {
+  check_dim(x, 3, "x", "(B, N, D)");
+  check_dim(y, 3, "y", "(B, M, D)");
+  check_floating_point(x, "x");
+  check_same_dtype(y, x, "y", "x");
+  check_same_device(y, x, "y", "x");
+  TORCH_CHECK(x.size(0) == y.size(0), "x and y must have the same batch size B, got x ", x.sizes(),
+              " and y ", y.sizes());
+  TORCH_CHECK(x.size(2) == y.size(2), "x and y must have the same point dimension D, got x ",
+              x.sizes(), " and y ", y.sizes());
+  TORCH_CHECK(x.size(2) >= 1, "the point dimension D must be at least 1, got x ", x.sizes());
+  // Indices travel through 32-bit lanes inside the kernels.
+  constexpr int64_t kMaxPoints = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK(x.size(1) <= kMaxPoints && y.size(1) <= kMaxPoints,
+              "at most 2^31 - 1 points per cloud are supported, got x ", x.sizes(), " and y ",
+              y.sizes());
+  return {check_lengths(x_lengths, "x_lengths", x, "x"), check_lengths(y_lengths, "y_lengths", y, "y")};
+}
+
+void check_nearest_neighbor_backward_inputs(const at::Tensor& grad_dist, const at::Tensor& x,
+                                            const at::Tensor& y, const at::Tensor& idx) {
+  check_nearest_neighbor_inputs(x, y, c10::nullopt, c10::nullopt);
+  const std::vector<int64_t> expected{x.size(0), x.size(1)};
+  TORCH_CHECK(grad_dist.sizes() == at::IntArrayRef(expected), "grad_dist must have shape (B, N) = ", expected,
+              ", got ", grad_dist.sizes());
+  check_same_dtype(grad_dist, x, "grad_dist", "x");
+  check_same_device(grad_dist, x, "grad_dist", "x");
+  TORCH_CHECK(idx.sizes() == at::IntArrayRef(expected), "idx must have shape (B, N) = ", expected, ", got ",
+              idx.sizes());
+  TORCH_CHECK(idx.scalar_type() == at::kLong, "idx must be int64, got ", idx.scalar_type());
+  check_same_device(idx, x, "idx", "x");
+}
+
+std::tuple<at::Tensor, at::Tensor> matched_queries_by_reference(const at::Tensor& idx, int64_t M) {
+  const int64_t B = idx.size(0), N = idx.size(1);
+  const auto batch_base = at::arange(B, idx.options()).mul_(M).unsqueeze(1);
+  const auto keys = at::where(idx >= 0, idx + batch_base, at::full({}, B * M, idx.options())).flatten();
+  // Stable: the queries of one reference point stay in increasing order, which fixes the
+  // summation order of its gradient.
+  const auto [sorted_keys, order] = at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const auto offsets = at::searchsorted(sorted_keys, at::arange(B * M + 1, idx.options()));
+  return {order.contiguous(), offsets.contiguous()};
+}
+
+}  // namespace pointops

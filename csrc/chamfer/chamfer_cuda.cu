@@ -1,0 +1,469 @@
+// Nearest neighbour / Chamfer on CUDA.
+//
+// Forward: each block holds kThreads x Q queries in registers and streams one split of the
+// reference cloud through shared memory in tiles. Tracking the index of the minimum costs ALU
+// instructions per pair on top of the 6 FP32 ones of (q - r)^2; we compare the minimum of a
+// group of kGroup reference points with the running best and record only the group, then
+// recompute that group's distances once at the end (bitwise equal: same operations, same order)
+// to find the index. Small batches cannot fill the GPU with queries alone, so the reference cloud
+// is split across blocks; each split writes a partial (distance, index) and a finalize kernel
+// takes the minimum in split order (ties -> smallest index, no atomics, deterministic).
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/cuda/Atomic.cuh>
+#include <torch/library.h>
+
+#include <array>
+#include <limits>
+
+#include "chamfer/chamfer.h"
+#include "common/cuda_utils.cuh"
+
+namespace pointops {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 256;   // reference points per shared-memory tile (fixed-size kernels)
+constexpr int kGroup = 4;    // reference points reduced to one minimum before the index update
+
+// Queries per thread: each shared-memory load then serves Q pairs. Doubles need twice the registers.
+template <typename acc_t>
+constexpr int queries_per_thread() {
+  return sizeof(acc_t) == 8 ? 4 : 8;
+}
+
+// D = 3 is padded to 4 so a point is one 16-byte shared-memory load.
+template <int D>
+constexpr int padded_dim() {
+  return D == 3 ? 4 : D;
+}
+
+template <typename acc_t, int D>
+struct alignas(sizeof(acc_t) * padded_dim<D>() >= 16 ? 16 : sizeof(acc_t) * padded_dim<D>()) SharedPoint {
+  acc_t c[padded_dim<D>()];
+};
+
+// One direction of the search: queries (B, N, dim) against refs (B, M, dim).
+template <typename scalar_t, typename acc_t>
+struct Direction {
+  const scalar_t* queries;
+  const scalar_t* refs;
+  const int64_t* query_lengths;  // (B,) or nullptr
+  const int64_t* ref_lengths;    // (B,) or nullptr
+  int64_t num_queries;           // N
+  int64_t num_refs;              // M
+  int64_t query_chunks;          // blocks along the queries of one cloud
+  int64_t split_len;             // reference points per split (a multiple of the tile)
+  int64_t num_splits;            // 0: nothing to search (M = 0 or N = 0)
+  acc_t* partial_dist;           // (num_splits, B, N)
+  int32_t* partial_idx;          // (num_splits, B, N); -1: nothing found in that split
+};
+
+struct BlockCoordinates {
+  int direction;
+  int64_t batch, chunk;
+};
+
+__device__ inline BlockCoordinates block_coordinates(int64_t batch_size, int64_t max_chunks) {
+  const int64_t flat = blockIdx.x;
+  const int64_t rest = flat / max_chunks;
+  return {static_cast<int>(rest / batch_size), rest % batch_size, flat % max_chunks};
+}
+
+template <typename scalar_t, int D>
+__global__ void __launch_bounds__(kThreads)
+nearest_neighbor_partial_kernel(Direction<scalar_t, at::opmath_type<scalar_t>> first,
+                                Direction<scalar_t, at::opmath_type<scalar_t>> second,
+                                int64_t batch_size, int64_t max_chunks) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int Q = queries_per_thread<acc_t>();
+  constexpr int P = padded_dim<D>();
+  __shared__ SharedPoint<acc_t, D> tile[kTile];
+
+  const auto where = block_coordinates(batch_size, max_chunks);
+  const auto& dir = where.direction == 0 ? first : second;
+  if (where.chunk >= dir.query_chunks || blockIdx.y >= dir.num_splits) return;
+  const int64_t b = where.batch, N = dir.num_queries, M = dir.num_refs;
+  const int64_t n_valid = dir.query_lengths ? dir.query_lengths[b] : N;
+  const int64_t m_valid = dir.ref_lengths ? dir.ref_lengths[b] : M;
+  const int64_t q_base = where.chunk * (kThreads * Q);
+  if (q_base >= n_valid) return;  // padded queries only: the finalize kernel writes them
+  const int64_t m_begin = static_cast<int64_t>(blockIdx.y) * dir.split_len;
+  const int64_t m_end = min(m_begin + dir.split_len, m_valid);
+  const scalar_t* refs = dir.refs + b * M * D;
+
+  acc_t q[Q][D];
+  acc_t best[Q];
+  int32_t best_group[Q];
+#pragma unroll
+  for (int k = 0; k < Q; ++k) {
+    const int64_t i = q_base + k * kThreads + threadIdx.x;
+#pragma unroll
+    for (int c = 0; c < D; ++c) {
+      q[k][c] = i < n_valid ? static_cast<acc_t>(dir.queries[(b * N + i) * D + c]) : acc_t(0);
+    }
+    best[k] = std::numeric_limits<acc_t>::infinity();
+    best_group[k] = -1;
+  }
+
+  for (int64_t tile_begin = m_begin; tile_begin < m_end; tile_begin += kTile) {
+    __syncthreads();  // the previous tile is no longer read
+    for (int t = threadIdx.x; t < kTile; t += kThreads) {
+      const int64_t j = tile_begin + t;
+      SharedPoint<acc_t, D> p;
+#pragma unroll
+      for (int c = 0; c < P; ++c) {
+        // Past the split: +inf is never strictly below any best, so it is never matched.
+        p.c[c] = c >= D ? acc_t(0)
+                        : (j < m_end ? static_cast<acc_t>(refs[j * D + c]) : std::numeric_limits<acc_t>::infinity());
+      }
+      tile[t] = p;
+    }
+    __syncthreads();
+    int32_t group = static_cast<int32_t>(tile_begin / kGroup);
+#pragma unroll 2
+    for (int g = 0; g < kTile / kGroup; ++g, ++group) {
+      SharedPoint<acc_t, D> r[kGroup];
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) r[u] = tile[g * kGroup + u];
+#pragma unroll
+      for (int k = 0; k < Q; ++k) {
+        acc_t m = squared_distance<D>(q[k], r[0].c);
+#pragma unroll
+        for (int u = 1; u < kGroup; ++u) m = ::fmin(m, squared_distance<D>(q[k], r[u].c));  // fmin drops NaN
+        if (m < best[k]) {  // strict: an equal later group never replaces an earlier one
+          best[k] = m;
+          best_group[k] = group;
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int k = 0; k < Q; ++k) {
+    const int64_t i = q_base + k * kThreads + threadIdx.x;
+    if (i >= n_valid) continue;
+    int32_t found = -1;
+    if (best_group[k] >= 0) {
+      const int64_t j0 = static_cast<int64_t>(best_group[k]) * kGroup;
+      for (int u = 0; u < kGroup && found < 0; ++u) {
+        const int64_t j = j0 + u;
+        if (j >= m_end) break;
+        acc_t r[D];
+#pragma unroll
+        for (int c = 0; c < D; ++c) r[c] = static_cast<acc_t>(refs[j * D + c]);
+        if (squared_distance<D>(q[k], r) == best[k]) found = static_cast<int32_t>(j);
+      }
+    }
+    const int64_t out = (static_cast<int64_t>(blockIdx.y) * batch_size + b) * N + i;
+    dir.partial_dist[out] = found >= 0 ? best[k] : std::numeric_limits<acc_t>::infinity();
+    dir.partial_idx[out] = found;
+  }
+}
+
+// Any dimension: one query per thread, read from global memory (cached), reference tiles of
+// `tile_points` points in dynamic shared memory. Plain index tracking: D > 3 is not the hot path.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads)
+nearest_neighbor_partial_generic_kernel(Direction<scalar_t, at::opmath_type<scalar_t>> first,
+                                        Direction<scalar_t, at::opmath_type<scalar_t>> second,
+                                        int64_t batch_size, int64_t max_chunks, int64_t dim,
+                                        int tile_points) {
+  using acc_t = at::opmath_type<scalar_t>;
+  extern __shared__ unsigned char shared_bytes[];
+  acc_t* tile = reinterpret_cast<acc_t*>(shared_bytes);
+
+  const auto where = block_coordinates(batch_size, max_chunks);
+  const auto& dir = where.direction == 0 ? first : second;
+  if (where.chunk >= dir.query_chunks || blockIdx.y >= dir.num_splits) return;
+  const int64_t b = where.batch, N = dir.num_queries, M = dir.num_refs;
+  const int64_t n_valid = dir.query_lengths ? dir.query_lengths[b] : N;
+  const int64_t m_valid = dir.ref_lengths ? dir.ref_lengths[b] : M;
+  const int64_t q_base = where.chunk * kThreads;
+  if (q_base >= n_valid) return;
+  const int64_t m_begin = static_cast<int64_t>(blockIdx.y) * dir.split_len;
+  const int64_t m_end = min(m_begin + dir.split_len, m_valid);
+  const int64_t i = q_base + threadIdx.x;
+  const scalar_t* query = dir.queries + (b * N + min(i, n_valid - 1)) * dim;
+  const scalar_t* refs = dir.refs + b * M * dim;
+
+  acc_t best = std::numeric_limits<acc_t>::infinity();
+  int32_t best_idx = -1;
+  for (int64_t tile_begin = m_begin; tile_begin < m_end; tile_begin += tile_points) {
+    const int64_t count = min(static_cast<int64_t>(tile_points), m_end - tile_begin);
+    __syncthreads();
+    for (int64_t t = threadIdx.x; t < count * dim; t += kThreads) {
+      tile[t] = static_cast<acc_t>(refs[tile_begin * dim + t]);
+    }
+    __syncthreads();
+    for (int64_t t = 0; t < count; ++t) {
+      acc_t diff = static_cast<acc_t>(query[0]) - tile[t * dim];
+      acc_t d = diff * diff;
+      for (int64_t c = 1; c < dim; ++c) d = add_square(static_cast<acc_t>(query[c]) - tile[t * dim + c], d);
+      if (d < best) {
+        best = d;
+        best_idx = static_cast<int32_t>(tile_begin + t);
+      }
+    }
+  }
+  if (i < n_valid) {
+    const int64_t out = (static_cast<int64_t>(blockIdx.y) * batch_size + b) * N + i;
+    dir.partial_dist[out] = best;
+    dir.partial_idx[out] = best_idx;
+  }
+}
+
+// The minimum over the splits, in split order (so ties keep the smallest index), plus the
+// outputs of padded queries and of queries that found nothing.
+template <typename scalar_t>
+__global__ void nearest_neighbor_finalize_kernel(Direction<scalar_t, at::opmath_type<scalar_t>> dir,
+                                                 int64_t batch_size, scalar_t* dist, int64_t* idx) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t N = dir.num_queries, total = batch_size * N;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = t / N, i = t % N;
+    const int64_t n_valid = dir.query_lengths ? dir.query_lengths[b] : N;
+    const int64_t m_valid = dir.ref_lengths ? dir.ref_lengths[b] : dir.num_refs;
+    if (i >= n_valid) {
+      dist[t] = scalar_t(0);
+      idx[t] = -1;
+      continue;
+    }
+    acc_t best = std::numeric_limits<acc_t>::infinity();
+    int64_t best_idx = -1;
+    for (int64_t s = 0; s < dir.num_splits; ++s) {
+      const int32_t j = dir.partial_idx[s * total + t];
+      const acc_t d = dir.partial_dist[s * total + t];
+      if (j >= 0 && (best_idx < 0 || d < best)) {
+        best = d;
+        best_idx = j;
+      }
+    }
+    dist[t] = static_cast<scalar_t>(best_idx < 0 ? unmatched_distance<acc_t>(m_valid) : best);
+    idx[t] = best_idx;
+  }
+}
+
+// Host-side view of one direction: inputs are contiguous, outputs allocated.
+struct DirectionTensors {
+  at::Tensor queries, refs, query_lengths, ref_lengths;
+  at::Tensor dist, idx;
+  at::Tensor partial_dist, partial_idx;
+};
+
+template <typename scalar_t>
+Direction<scalar_t, at::opmath_type<scalar_t>> make_direction(DirectionTensors& t, int64_t chunk_size,
+                                                               int64_t wanted_splits, int64_t tile_points) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t B = t.queries.size(0), N = t.queries.size(1), M = t.refs.size(1);
+  Direction<scalar_t, acc_t> d{};
+  d.queries = t.queries.data_ptr<scalar_t>();
+  d.refs = t.refs.data_ptr<scalar_t>();
+  d.query_lengths = t.query_lengths.defined() ? t.query_lengths.data_ptr<int64_t>() : nullptr;
+  d.ref_lengths = t.ref_lengths.defined() ? t.ref_lengths.data_ptr<int64_t>() : nullptr;
+  d.num_queries = N;
+  d.num_refs = M;
+  d.query_chunks = ceil_div(N, chunk_size);
+  d.num_splits = 0;
+  if (B * N > 0 && M > 0) {
+    const int64_t splits = std::min(wanted_splits, ceil_div(M, tile_points));
+    d.split_len = ceil_div(ceil_div(M, splits), tile_points) * tile_points;
+    d.num_splits = ceil_div(M, d.split_len);
+  }
+  auto acc_options = t.queries.options().dtype(c10::CppTypeToScalarType<acc_t>::value);
+  t.partial_dist = at::empty({d.num_splits, B, N}, acc_options);
+  t.partial_idx = at::empty({d.num_splits, B, N}, t.queries.options().dtype(at::kInt));
+  d.partial_dist = t.partial_dist.data_ptr<acc_t>();
+  d.partial_idx = t.partial_idx.data_ptr<int32_t>();
+  return d;
+}
+
+// Runs one or two directions (chamfer) with one search launch, then one finalize per direction.
+void nearest_neighbor_cuda_impl(DirectionTensors* dirs, int num_dirs) {
+  const at::Tensor& x = dirs[0].queries;
+  const int64_t B = x.size(0), dim = x.size(2);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "nearest_neighbor_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    using Dir = Direction<scalar_t, acc_t>;
+    auto launch = [&](auto kernel, int64_t chunk_size, int64_t tile_points, size_t shared_bytes, auto... extra) {
+      int blocks_per_sm = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared_bytes));
+      // Enough blocks for two full waves; the splits supply what the queries alone cannot.
+      const int64_t target_blocks = 2 * static_cast<int64_t>(multiprocessor_count()) * std::max(blocks_per_sm, 1);
+      int64_t max_chunks = 1, base_blocks = 0;
+      for (int d = 0; d < num_dirs; ++d) {
+        const int64_t chunks = ceil_div(dirs[d].queries.size(1), chunk_size);
+        max_chunks = std::max(max_chunks, chunks);
+        base_blocks += B * chunks;
+      }
+      const int64_t wanted_splits = std::max<int64_t>(1, ceil_div(target_blocks, std::max<int64_t>(base_blocks, 1)));
+      std::array<Dir, 2> params{};
+      int64_t max_splits = 0;
+      for (int d = 0; d < num_dirs; ++d) {
+        params[d] = make_direction<scalar_t>(dirs[d], chunk_size, wanted_splits, tile_points);
+        max_splits = std::max(max_splits, params[d].num_splits);
+      }
+      if (num_dirs == 1) params[1] = params[0];
+      if (max_splits > 0) {
+        const int64_t grid_x = max_chunks * B * num_dirs;
+        TORCH_CHECK(grid_x <= std::numeric_limits<int32_t>::max() && max_splits <= 65535,
+                    "nearest_neighbor: input too large for one launch (", grid_x, " x ", max_splits, " blocks)");
+        const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(max_splits));
+        kernel<<<grid, kThreads, shared_bytes, stream>>>(params[0], params[1], B, max_chunks, extra...);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      for (int d = 0; d < num_dirs; ++d) {
+        const int64_t total = B * dirs[d].queries.size(1);
+        if (total == 0) continue;
+        nearest_neighbor_finalize_kernel<scalar_t><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
+            params[d], B, dirs[d].dist.data_ptr<scalar_t>(), dirs[d].idx.data_ptr<int64_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    };
+    constexpr int64_t kFastChunk = kThreads * queries_per_thread<acc_t>();
+    if (dim == 3) {
+      launch(nearest_neighbor_partial_kernel<scalar_t, 3>, kFastChunk, kTile, 0);
+    } else if (dim == 2) {
+      launch(nearest_neighbor_partial_kernel<scalar_t, 2>, kFastChunk, kTile, 0);
+    } else {
+      // Tiles of at most 32 KB of shared memory; one point per tile at worst.
+      const int64_t tile_points = std::max<int64_t>(1, std::min<int64_t>(kTile, (32 * 1024) / (dim * sizeof(acc_t))));
+      launch(nearest_neighbor_partial_generic_kernel<scalar_t>, kThreads, tile_points,
+             static_cast<size_t>(tile_points * dim * sizeof(acc_t)), dim, static_cast<int>(tile_points));
+    }
+  });
+}
+
+DirectionTensors make_direction_tensors(const at::Tensor& queries, const at::Tensor& refs,
+                                        const at::Tensor& query_lengths, const at::Tensor& ref_lengths) {
+  DirectionTensors t;
+  t.queries = queries.contiguous();
+  t.refs = refs.contiguous();
+  t.query_lengths = query_lengths;
+  t.ref_lengths = ref_lengths;
+  t.dist = at::empty({queries.size(0), queries.size(1)}, queries.options());
+  t.idx = at::empty({queries.size(0), queries.size(1)}, queries.options().dtype(at::kLong));
+  return t;
+}
+
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cuda(const at::Tensor& x, const at::Tensor& y,
+                                                         const c10::optional<at::Tensor>& x_lengths,
+                                                         const c10::optional<at::Tensor>& y_lengths) {
+  const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
+  const c10::cuda::CUDAGuard guard(x.device());
+  DirectionTensors dirs[1] = {make_direction_tensors(x, y, x_len, y_len)};
+  if (x.size(0) * x.size(1) > 0) nearest_neighbor_cuda_impl(dirs, 1);
+  return {dirs[0].dist, dirs[0].idx};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cuda(
+    const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& x_lengths,
+    const c10::optional<at::Tensor>& y_lengths) {
+  const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
+  const c10::cuda::CUDAGuard guard(x.device());
+  DirectionTensors dirs[2] = {make_direction_tensors(x, y, x_len, y_len),
+                              make_direction_tensors(y, x, y_len, x_len)};
+  if (x.size(0) * (x.size(1) + y.size(1)) > 0) nearest_neighbor_cuda_impl(dirs, 2);
+  return {dirs[0].dist, dirs[1].dist, dirs[0].idx, dirs[1].idx};
+}
+
+// grad_x[q] = 2 g[q] (x[q] - y[idx[q]]) for every (query, coordinate); with `grad_y_acc` the
+// negative is also scattered into the matched reference point with float atomics.
+template <typename scalar_t>
+__global__ void nearest_neighbor_backward_queries_kernel(
+    const scalar_t* grad_dist, const scalar_t* x, const scalar_t* y, const int64_t* idx, int64_t N,
+    int64_t M, int64_t dim, int64_t total, scalar_t* grad_x, at::opmath_type<scalar_t>* grad_y_acc) {
+  using acc_t = at::opmath_type<scalar_t>;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t q = e / dim, c = e % dim;
+    const int64_t j = idx[q];
+    if (j < 0) {
+      grad_x[e] = scalar_t(0);
+      continue;
+    }
+    const int64_t r = ((q / N) * M + j) * dim + c;
+    const acc_t g = acc_t(2) * static_cast<acc_t>(grad_dist[q]) *
+                    (static_cast<acc_t>(x[e]) - static_cast<acc_t>(y[r]));
+    grad_x[e] = static_cast<scalar_t>(g);
+    if (grad_y_acc != nullptr) gpuAtomicAdd(grad_y_acc + r, -g);
+  }
+}
+
+// Deterministic reference gradient: each (reference point, coordinate) sums its matched queries
+// in increasing query order (see matched_queries_by_reference).
+template <typename scalar_t>
+__global__ void nearest_neighbor_backward_refs_kernel(const scalar_t* grad_dist, const scalar_t* x,
+                                                      const scalar_t* y, const int64_t* order,
+                                                      const int64_t* offsets, int64_t dim, int64_t total,
+                                                      scalar_t* grad_y) {
+  using acc_t = at::opmath_type<scalar_t>;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / dim, c = e % dim;
+    const acc_t yr = static_cast<acc_t>(y[e]);
+    acc_t acc = 0;
+    for (int64_t t = offsets[r]; t < offsets[r + 1]; ++t) {
+      const int64_t q = order[t];
+      acc -= acc_t(2) * static_cast<acc_t>(grad_dist[q]) * (static_cast<acc_t>(x[q * dim + c]) - yr);
+    }
+    grad_y[e] = static_cast<scalar_t>(acc);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cuda(const at::Tensor& grad_dist,
+                                                                  const at::Tensor& x,
+                                                                  const at::Tensor& y,
+                                                                  const at::Tensor& idx) {
+  check_nearest_neighbor_backward_inputs(grad_dist, x, y, idx);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
+  auto grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
+  if (B * N == 0 || M == 0) {
+    return {grad_x.zero_(), at::zeros_like(y, at::MemoryFormat::Contiguous)};
+  }
+  const auto grad_contig = grad_dist.contiguous();
+  const auto x_contig = x.contiguous();
+  const auto y_contig = y.contiguous();
+  const auto idx_contig = idx.contiguous();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const bool deterministic = at::globalContext().deterministicAlgorithms();
+  at::Tensor grad_y;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "nearest_neighbor_backward_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const int64_t query_elems = B * N * dim, ref_elems = B * M * dim;
+    at::Tensor grad_y_acc;
+    if (!deterministic) {
+      at::globalContext().alertNotDeterministic("pointops::_nearest_neighbor_backward");
+      grad_y_acc = at::zeros({B, M, dim}, y.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
+    }
+    nearest_neighbor_backward_queries_kernel<scalar_t><<<grid_for(query_elems, kThreads), kThreads, 0, stream>>>(
+        grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
+        idx_contig.data_ptr<int64_t>(), N, M, dim, query_elems, grad_x.data_ptr<scalar_t>(),
+        deterministic ? nullptr : grad_y_acc.data_ptr<acc_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (!deterministic) {
+      grad_y = grad_y_acc.to(y.scalar_type());
+      return;
+    }
+    const auto [order, offsets] = matched_queries_by_reference(idx_contig, M);
+    grad_y = at::empty_like(y, at::MemoryFormat::Contiguous);
+    nearest_neighbor_backward_refs_kernel<scalar_t><<<grid_for(ref_elems, kThreads), kThreads, 0, stream>>>(
+        grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
+        order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), dim, ref_elems, grad_y.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {grad_x, grad_y};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pointops, CUDA, m) {
+  m.impl("nearest_neighbor", &nearest_neighbor_cuda);
+  m.impl("chamfer", &chamfer_cuda);
+  m.impl("_nearest_neighbor_backward", &nearest_neighbor_backward_cuda);
+}
+
+}  // namespace pointops
