@@ -19,6 +19,24 @@ TORCH_LIBRARY(pointops, m) {
 
   // ---- Voxelization (csrc/voxelize) ----
   // POINTOPS-VOXELIZE-SCHEMAS-BEGIN
+  // Hard voxelization of (N, F) points into at most max_voxels voxels of at most max_points_per_voxel
+  // points, numbered by first appearance. V (number of voxels) is data-dependent: one device-to-host
+  // sync. point_range = (x_min, y_min, z_min, x_max, y_max, z_max); voxel_size = (x, y, z).
+  m.def("voxelize(Tensor points, Tensor? batch, float[] voxel_size, float[] point_range, "
+        "int max_points_per_voxel, int max_voxels)"
+        " -> (Tensor voxels, Tensor coords, Tensor num_points, Tensor features, Tensor point_to_voxel)");
+  // The same with every voxel output padded to max_voxels rows and the real count in num_voxels
+  // (a 0-d int64 tensor): no host sync, static shapes (CUDA graphs, torch.compile).
+  m.def("voxelize_padded(Tensor points, Tensor? batch, float[] voxel_size, float[] point_range, "
+        "int max_points_per_voxel, int max_voxels)"
+        " -> (Tensor voxels, Tensor coords, Tensor num_points, Tensor features, Tensor point_to_voxel, "
+        "Tensor num_voxels)");
+  // Dynamic voxelization: every in-range point, no caps; reduce is "mean", "sum" or "max".
+  m.def("voxel_features(Tensor points, Tensor? batch, float[] voxel_size, float[] point_range, "
+        "str reduce=\"mean\") -> (Tensor features, Tensor coords, Tensor num_points, Tensor point_to_voxel)");
+  // Gradient of voxel_features' features with respect to points.
+  m.def("_voxel_features_backward(Tensor grad_features, Tensor points, Tensor point_to_voxel, "
+        "Tensor num_points, Tensor features, str reduce) -> Tensor grad_points");
   // POINTOPS-VOXELIZE-SCHEMAS-END
 }
 

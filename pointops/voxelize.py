@@ -1,0 +1,294 @@
+"""Deterministic hash-table voxelization of point clouds (LiDAR scans), on the CPU and CUDA.
+
+Contract shared by every function here (CPU and CUDA give identical outputs):
+
+* Grid. ``point_range = (x_min, y_min, z_min, x_max, y_max, z_max)`` and ``voxel_size = (sx, sy, sz)``
+  give ``round((max - min) / size)`` cells per axis. A point's cell is ``floor((p - min) / size)`` per
+  axis, computed in float32 for float16 / bfloat16 / float32 points and in float64 for float64
+  points. A point whose cell is outside ``[0, cells)`` on any axis (including the rounding edge at
+  ``max``), or whose x, y or z is NaN or infinite, is *out of range*: it is in no voxel.
+* Order. Voxels are numbered in order of their first point in the input. Each voxel keeps its first
+  ``max_points_per_voxel`` points in input order. When there are more than ``max_voxels`` voxels the
+  first ``max_voxels`` are kept (over the whole batch when ``batch`` is given).
+* Features. ``features`` is the mean of a voxel's kept points: their values converted to
+  ``opmath`` (float32 for float16/bfloat16, else the input dtype), summed in input order, divided by
+  the count, rounded to the input dtype. Both backends do exactly this, so the results are bitwise equal.
+* Batches. ``batch`` is an optional (N,) int64 tensor of per-point cloud indices (any order). Points of
+  different clouds never share a voxel, and ``coords`` gains a leading batch column.
+* ``point_to_voxel[i]`` is the voxel of point i, or -1 when the point is out of range or its voxel is
+  beyond ``max_voxels``. A point left out only because its voxel was full keeps its voxel id (as in
+  spconv), so ``(point_to_voxel >= 0).sum() - num_points.sum()`` counts the points dropped by the cap.
+
+The number of voxels V depends on the data. ``voxelize`` and ``voxel_features`` learn it with one
+device-to-host sync and return tensors of exactly V rows; under ``torch.compile`` V is an unbacked
+symbolic size (``torch.library.get_ctx().new_dynamic_size()`` in the fake kernels), so
+``fullgraph=True`` traces through it. ``voxelize(..., padded=True)`` returns ``max_voxels`` rows and
+the count as a device tensor instead: no sync and static shapes (CUDA graphs).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["voxelize", "voxel_features", "Voxels", "VoxelFeatures", "Voxelizer"]
+
+FloatSeq = Union[Sequence[float], Tensor]
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INT64_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
+
+
+class Voxels(NamedTuple):
+    """Result of :func:`voxelize`. V = number of voxels (``max_voxels`` when padded), P =
+    ``max_points_per_voxel``, F = point columns, N = number of points.
+
+    voxels:         (V, P, F) points dtype; the kept points of each voxel in input order, zero rows after.
+    coords:         (V, 3) int32 (z, y, x) cell indices, or (V, 4) (b, z, y, x) with a batch; -1 on padding rows.
+    num_points:     (V,) int32, kept points per voxel (<= P); 0 on padding rows.
+    features:       (V, F) points dtype, the mean of the kept points; 0 on padding rows.
+    point_to_voxel: (N,) int64, the voxel of each point or -1 (out of range, or voxel beyond max_voxels).
+    num_voxels:     0-d int64 tensor on the points' device, the number of real rows (padded only, else None).
+    """
+
+    voxels: Tensor
+    coords: Tensor
+    num_points: Tensor
+    features: Tensor
+    point_to_voxel: Tensor
+    num_voxels: Optional[Tensor] = None
+
+
+class VoxelFeatures(NamedTuple):
+    """Result of :func:`voxel_features`: features (V, F) points dtype, coords (V, 3|4) int32,
+    num_points (V,) int32 (every in-range point), point_to_voxel (N,) int64 (-1 out of range)."""
+
+    features: Tensor
+    coords: Tensor
+    num_points: Tensor
+    point_to_voxel: Tensor
+
+
+def _floats(values: FloatSeq, name: str) -> list[float]:
+    if isinstance(values, Tensor):
+        values = values.detach().cpu().tolist()  # a sync when on a GPU; pass sequences in hot loops
+    try:
+        return [float(v) for v in values]
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of floats or a 1-D tensor, got {type(values).__name__}") from None
+
+
+def voxelize(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, max_points_per_voxel: int,
+             max_voxels: int, *, batch: Optional[Tensor] = None, padded: bool = False) -> Voxels:
+    """Hard voxelization: group points into voxels of at most ``max_points_per_voxel`` points.
+
+    Args:
+        points: (N, F) float16 / bfloat16 / float32 / float64, F >= 3, columns x, y, z first (any
+            other columns, e.g. intensity, are carried along into ``voxels`` and ``features``). Any
+            strides (non-contiguous inputs are copied once).
+        voxel_size: (sx, sy, sz), positive. A sequence or a 1-D tensor.
+        point_range: (x_min, y_min, z_min, x_max, y_max, z_max), min < max.
+        max_points_per_voxel: P >= 1; each voxel keeps its first P points in input order.
+        max_voxels: >= 1; the first ``max_voxels`` voxels (in order of first point) are kept.
+        batch: optional (N,) int64 cloud index per point, need not be sorted, values in
+            [0, 2^31 - 1] (and small enough that the 64-bit cell key fits).
+        padded: return ``max_voxels`` rows plus ``num_voxels`` (no host sync, static shapes). A
+            bad batch index then cannot raise; such points are treated as out of range.
+
+    Returns:
+        :class:`Voxels` (see the module docstring for the exact contract).
+
+    Raises:
+        RuntimeError: non-floating or wrongly shaped points, F < 3, a bad batch tensor (dtype, shape,
+            device, or, unless padded, an index outside the valid range), non-positive voxel size,
+            min >= max, caps < 1, or a grid whose flattened cell key would overflow int64.
+
+    Not differentiable (the outputs carry no gradient); use :func:`voxel_features` for gradients.
+    """
+    vs, pr = _floats(voxel_size, "voxel_size"), _floats(point_range, "point_range")
+    if padded:
+        out = torch.ops.pointops.voxelize_padded(points, batch, vs, pr, int(max_points_per_voxel), int(max_voxels))
+        return Voxels(*out)
+    return Voxels(*torch.ops.pointops.voxelize(points, batch, vs, pr, int(max_points_per_voxel), int(max_voxels)))
+
+
+def voxel_features(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, reduce: str = "mean", *,
+                   batch: Optional[Tensor] = None) -> VoxelFeatures:
+    """Dynamic voxelization: reduce *every* in-range point of each voxel (no caps).
+
+    Args:
+        points, voxel_size, point_range, batch: as in :func:`voxelize`.
+        reduce: "mean", "sum" (opmath sum in input order, then divided by the count for "mean") or
+            "max" (per column; NaN propagates).
+
+    Returns:
+        :class:`VoxelFeatures`: features (V, F), coords (V, 3|4) int32, num_points (V,) int32,
+        point_to_voxel (N,) int64. Voxels are numbered by first appearance, as in :func:`voxelize`.
+
+    Differentiable in ``points`` (all F columns): the gradient of a voxel's feature goes to each of
+    its points (sum), divided by the count (mean), or for "max" to the first point in input order
+    that attains the maximum of that column. The cell assignment itself is piecewise constant and
+    has no gradient.
+    """
+    vs, pr = _floats(voxel_size, "voxel_size"), _floats(point_range, "point_range")
+    return VoxelFeatures(*torch.ops.pointops.voxel_features(points, batch, vs, pr, reduce))
+
+
+class Voxelizer(nn.Module):
+    """Holds the voxelization parameters; ``forward(points, batch=None)`` calls :func:`voxelize`.
+
+    Example::
+
+        vox = Voxelizer([0.075, 0.075, 0.2], [-54, -54, -5, 54, 54, 3], max_points_per_voxel=10,
+                        max_voxels=160_000)
+        out = vox(points)           # Voxels(voxels, coords, num_points, features, point_to_voxel, None)
+    """
+
+    def __init__(self, voxel_size: FloatSeq, point_range: FloatSeq, max_points_per_voxel: int, max_voxels: int,
+                 padded: bool = False):
+        super().__init__()
+        self.voxel_size = tuple(_floats(voxel_size, "voxel_size"))
+        self.point_range = tuple(_floats(point_range, "point_range"))
+        self.max_points_per_voxel = int(max_points_per_voxel)
+        self.max_voxels = int(max_voxels)
+        self.padded = bool(padded)
+        # Fail at construction, not at the first batch.
+        _check_grid(list(self.voxel_size), list(self.point_range))
+
+    @property
+    def grid_size(self) -> tuple[int, int, int]:
+        """Cells along (x, y, z)."""
+        return tuple(_check_grid(list(self.voxel_size), list(self.point_range)))
+
+    def forward(self, points: Tensor, batch: Optional[Tensor] = None) -> Voxels:
+        return voxelize(points, self.voxel_size, self.point_range, self.max_points_per_voxel, self.max_voxels,
+                        batch=batch, padded=self.padded)
+
+    def extra_repr(self) -> str:
+        return (f"voxel_size={self.voxel_size}, point_range={self.point_range}, grid_size={self.grid_size}, "
+                f"max_points_per_voxel={self.max_points_per_voxel}, max_voxels={self.max_voxels}, "
+                f"padded={self.padded}")
+
+
+# ---- Fake (meta) kernels: shapes only, mirroring the C++ check_voxelize_inputs ----
+
+def _check_grid(voxel_size: list[float], point_range: list[float]) -> list[int]:
+    if len(voxel_size) != 3:
+        raise RuntimeError(f"voxelize: voxel_size must have 3 values (x, y, z), got {len(voxel_size)}")
+    if len(point_range) != 6:
+        raise RuntimeError("voxelize: point_range must have 6 values (x_min, y_min, z_min, x_max, y_max, z_max), "
+                           f"got {len(point_range)}")
+    dims, cells = [], 1
+    for k, axis in enumerate("xyz"):
+        size, lo, hi = voxel_size[k], point_range[k], point_range[k + 3]
+        if not (math.isfinite(size) and size > 0):
+            raise RuntimeError(f"voxelize: voxel_size must be positive and finite, got {size} for {axis}")
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise RuntimeError(f"voxelize: point_range must have min < max (both finite), got min {lo} >= max {hi} "
+                               f"for {axis}")
+        ratio = (hi - lo) / size  # > 0 here; round half away from zero, as C++ std::round
+        n = math.floor(ratio)
+        n += 1 if ratio - n >= 0.5 else 0  # exact: ratio - floor(ratio) has no rounding error
+        if n < 1:
+            raise RuntimeError(f"voxelize: the grid has no cells along {axis}")
+        if n > _INT32_MAX:
+            raise RuntimeError(f"voxelize: the grid has {n} cells along {axis}; coordinates are int32")
+        cells *= n
+        dims.append(n)
+    if cells > _INT64_MAX:
+        raise RuntimeError(f"voxelize: the grid is too large: {dims[0]} x {dims[1]} x {dims[2]} (x, y, z) cells "
+                           "would overflow the 64-bit flattened cell key")
+    return dims
+
+
+def _check_inputs(points: Tensor, batch: Optional[Tensor], voxel_size, point_range) -> None:
+    if points.dtype not in _FLOAT_DTYPES:
+        raise RuntimeError(f"voxelize: points must be float16, bfloat16, float32 or float64, got {points.dtype}")
+    if points.dim() != 2:
+        raise RuntimeError(f"voxelize: points must be a 2-D tensor (N, F), got shape {tuple(points.shape)}")
+    if points.shape[1] < 3:
+        raise RuntimeError(f"voxelize: points must have F >= 3 columns (x, y, z first), got shape {tuple(points.shape)}")
+    if batch is not None:
+        if batch.dtype != torch.int64:
+            raise RuntimeError(f"voxelize: batch must be an int64 tensor, got {batch.dtype}")
+        if batch.dim() != 1 or batch.shape[0] != points.shape[0]:
+            raise RuntimeError(f"voxelize: batch must have shape (N,) to match points, got shape {tuple(batch.shape)}")
+        if batch.device != points.device:
+            raise RuntimeError(f"voxelize: batch must be on the same device as points ({points.device}), "
+                               f"got {batch.device}")
+    _check_grid(list(voxel_size), list(point_range))
+
+
+def _check_caps(max_points_per_voxel: int, max_voxels: int) -> None:
+    if max_points_per_voxel < 1:
+        raise RuntimeError(f"voxelize: max_points_per_voxel must be >= 1, got {max_points_per_voxel}")
+    if max_voxels < 1:
+        raise RuntimeError(f"voxelize: max_voxels must be >= 1, got {max_voxels}")
+
+
+def _voxel_outputs(points, batch, num_voxels, max_points_per_voxel):
+    f = points.shape[1]
+    cols = 3 if batch is None else 4
+    return (points.new_empty((num_voxels, max_points_per_voxel, f)),
+            points.new_empty((num_voxels, cols), dtype=torch.int32),
+            points.new_empty((num_voxels,), dtype=torch.int32),
+            points.new_empty((num_voxels, f)),
+            points.new_empty((points.shape[0],), dtype=torch.int64))
+
+
+@torch.library.register_fake("pointops::voxelize")
+def _voxelize_fake(points, batch, voxel_size, point_range, max_points_per_voxel, max_voxels):
+    _check_inputs(points, batch, voxel_size, point_range)
+    _check_caps(max_points_per_voxel, max_voxels)
+    # V is data-dependent: an unbacked symbolic size, 0 <= V <= min(N, max_voxels).
+    num_voxels = torch.library.get_ctx().new_dynamic_size()
+    return _voxel_outputs(points, batch, num_voxels, max_points_per_voxel)
+
+
+@torch.library.register_fake("pointops::voxelize_padded")
+def _voxelize_padded_fake(points, batch, voxel_size, point_range, max_points_per_voxel, max_voxels):
+    _check_inputs(points, batch, voxel_size, point_range)
+    _check_caps(max_points_per_voxel, max_voxels)
+    return _voxel_outputs(points, batch, max_voxels, max_points_per_voxel) + (
+        points.new_empty((), dtype=torch.int64),)
+
+
+@torch.library.register_fake("pointops::voxel_features")
+def _voxel_features_fake(points, batch, voxel_size, point_range, reduce="mean"):
+    _check_inputs(points, batch, voxel_size, point_range)
+    if reduce not in ("mean", "sum", "max"):
+        raise RuntimeError(f"voxel_features: reduce must be 'mean', 'sum' or 'max', got '{reduce}'")
+    num_voxels = torch.library.get_ctx().new_dynamic_size()  # data-dependent, 0 <= V <= N
+    f, cols = points.shape[1], 3 if batch is None else 4
+    return (points.new_empty((num_voxels, f)), points.new_empty((num_voxels, cols), dtype=torch.int32),
+            points.new_empty((num_voxels,), dtype=torch.int32), points.new_empty((points.shape[0],), dtype=torch.int64))
+
+
+@torch.library.register_fake("pointops::_voxel_features_backward")
+def _voxel_features_backward_fake(grad_features, points, point_to_voxel, num_points, features, reduce):
+    torch._check(grad_features.shape == features.shape, lambda: "grad_features must match features")
+    return torch.empty_like(points, memory_format=torch.contiguous_format)
+
+
+# ---- Autograd for voxel_features (the other outputs are integer: no gradient) ----
+
+def _voxel_features_setup_context(ctx, inputs, output):
+    points, _batch, _voxel_size, _point_range, reduce = inputs
+    features, _coords, num_points, point_to_voxel = output
+    ctx.reduce = reduce
+    ctx.save_for_backward(points, point_to_voxel, num_points, features)
+
+
+def _voxel_features_backward(ctx, grad_features, _grad_coords, _grad_num_points, _grad_point_to_voxel):
+    points, point_to_voxel, num_points, features = ctx.saved_tensors
+    if grad_features is None:
+        return None, None, None, None, None
+    grad_points = torch.ops.pointops._voxel_features_backward(
+        grad_features, points, point_to_voxel, num_points, features, ctx.reduce)
+    return grad_points, None, None, None, None
+
+
+torch.library.register_autograd("pointops::voxel_features", _voxel_features_backward,
+                                setup_context=_voxel_features_setup_context)
