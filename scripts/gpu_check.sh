@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The one command the GPU machine runs each session: build, CUDA tests, compute-sanitizer,
+# benchmarks. Logs land in $OUT (the device tool brings them back).
+#   STAGES="build test sanitize bench" scripts/gpu_check.sh     (default: all four)
+#   PYTEST_TARGETS=tests/test_chamfer.py PYTEST_ARGS="-k cuda" BENCH_ARGS="--only chamfer" ...
+# Data for the data tests travels as .data/ (a copy of ../shared/data, git-ignored).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/pointops-out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-build test sanitize bench}
+export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} PYTHONUNBUFFERED=1
+status=0
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/gpu.txt"
+
+if stage build; then
+  start=$(date +%s)
+  if ! python -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
+    tail -60 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
+  fi
+  echo "build: $(( $(date +%s) - start )) s"
+  python -c "import pointops, torch; print(pointops.build_info(), torch.cuda.get_device_name())"
+fi
+
+if stage test; then
+  python -m pytest ${PYTEST_TARGETS:-tests} -q -ra -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if stage sanitize; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 python scripts/sanitize_cases.py >"$OUT/sanitize-$tool.log" 2>&1
+    rc=$?
+    echo "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
+    [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/sanitize-$tool.log"; }
+  done
+fi
+
+if stage bench; then
+  python benchmarks/run.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
+fi
+exit $status
