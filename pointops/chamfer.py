@@ -62,40 +62,13 @@ def _nearest_neighbor_backward_fake(grad_dist, x, y, idx):
 
 
 # ---------------------------------------------------------------- autograd
-def _nearest_neighbor_setup_context(ctx, inputs, output):
-    x, y = inputs[0], inputs[1]
-    ctx.save_for_backward(x, y, output[1])
-    ctx.mark_non_differentiable(output[1])
-
-
-def _nearest_neighbor_backward(ctx, grad_dist, grad_idx):
-    x, y, idx = ctx.saved_tensors
-    grad_x, grad_y = torch.ops.pointops._nearest_neighbor_backward(grad_dist.contiguous(), x, y, idx)
-    return grad_x, grad_y, None, None
-
-
-def _chamfer_setup_context(ctx, inputs, output):
-    x, y = inputs[0], inputs[1]
-    ctx.save_for_backward(x, y, output[2], output[3])
-    ctx.mark_non_differentiable(output[2], output[3])
-
-
+# nearest_neighbor and chamfer are differentiable in C++ (csrc/chamfer/chamfer_autograd.cpp): a
+# Python autograd wrapper would cost more host time than the GPU forward of a typical batch.
 def _chamfer_grads(x, y, idx1, idx2, grad_dist1, grad_dist2):
     # dist1 = |x - y[idx1]|^2 feeds x directly and y through the match; dist2 the other way round.
     grad_x1, grad_y1 = torch.ops.pointops._nearest_neighbor_backward(grad_dist1.contiguous(), x, y, idx1)
     grad_y2, grad_x2 = torch.ops.pointops._nearest_neighbor_backward(grad_dist2.contiguous(), y, x, idx2)
     return grad_x1 + grad_x2, grad_y1 + grad_y2
-
-
-def _chamfer_backward(ctx, grad_dist1, grad_dist2, grad_idx1, grad_idx2):
-    x, y, idx1, idx2 = ctx.saved_tensors
-    grad_x, grad_y = _chamfer_grads(x, y, idx1, idx2, grad_dist1, grad_dist2)
-    return grad_x, grad_y, None, None
-
-
-torch.library.register_autograd("pointops::nearest_neighbor", _nearest_neighbor_backward,
-                                setup_context=_nearest_neighbor_setup_context)
-torch.library.register_autograd("pointops::chamfer", _chamfer_backward, setup_context=_chamfer_setup_context)
 
 
 # ---------------------------------------------------------------- public API
@@ -160,17 +133,18 @@ def _sqrt_zero_grad_at_zero(d: Tensor) -> Tensor:
     return torch.where(positive, torch.where(positive, d, torch.ones_like(d)).sqrt(), d)
 
 
-def _reduce_points(dist: Tensor, lengths: Optional[Tensor], reduction: Optional[str]) -> Tensor:
+def _reduce_points(dist: Tensor, lengths: Optional[Tensor], reduction: str) -> Tensor:
     """Per-cloud reduction over valid points. Padded entries of dist are 0 already.
     An empty cloud contributes 0 to "mean", "sum" and "max" (never 0/0)."""
     B, N = dist.shape
-    if lengths is None:
-        lengths = torch.full((B,), N, dtype=torch.int64, device=dist.device)
     if reduction == "sum":
         return dist.sum(1)
+    if lengths is None:  # the common case: no masks, fewest kernels
+        if N == 0:
+            return dist.sum(1)  # zeros that stay connected to the graph
+        return dist.mean(1) if reduction == "mean" else dist.amax(1)
     if reduction == "mean":
         return dist.sum(1) / lengths.clamp(min=1).to(dist.dtype)
-    # "max"
     valid = torch.arange(N, device=dist.device)[None, :] < lengths[:, None]
     masked = dist.masked_fill(~valid, float("-inf"))
     return torch.where(lengths > 0, masked.amax(1) if N > 0 else dist.new_zeros(B), dist.new_zeros(B))

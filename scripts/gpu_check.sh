@@ -2,7 +2,7 @@
 # The one command the GPU machine runs each session: build, CUDA tests, compute-sanitizer,
 # benchmarks. Logs land in $OUT (the device tool brings them back).
 #   STAGES="build test sanitize bench" scripts/gpu_check.sh     (default: all four)
-#   PYTEST_TARGETS=tests/test_chamfer.py PYTEST_ARGS="-k cuda" BENCH_ARGS="--only chamfer" ...
+#   PYTEST_TARGETS=tests/test_chamfer.py PYTEST_K="cuda" BENCH_ARGS="--only chamfer" ...
 # Data for the data tests travels as .data/ (a copy of ../shared/data, git-ignored).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total 
 
 if stage build; then
   start=$(date +%s)
-  if ! python -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
+  if ! python -m pip install -v --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
     tail -60 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
   fi
   echo "build: $(( $(date +%s) - start )) s"
@@ -25,7 +25,7 @@ if stage build; then
 fi
 
 if stage test; then
-  python -m pytest ${PYTEST_TARGETS:-tests} -q -ra -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -40
+  python -m pytest ${PYTEST_TARGETS:-tests} -q -ra -p no:cacheprovider -k "${PYTEST_K:-}" 2>&1 | tee "$OUT/pytest.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

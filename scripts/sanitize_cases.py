@@ -33,6 +33,31 @@ def chamfer_cases():
     print("chamfer cases ok")
 
 
+def voxelize_cases():
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        points = (torch.rand(5000, 4, device="cuda") * 12 - 1).to(dtype)
+        points[::7] = points[3]  # a crowded voxel
+        points[5, 0] = float("nan")
+        batch = torch.randint(0, 3, (5000,), device="cuda")
+        for b in (None, batch):
+            got = pointops.voxelize(points, [0.5, 0.5, 0.5], [0, 0, 0, 10, 10, 10], 5, 300, batch=b)
+            ref = pointops.voxelize(points.cpu(), [0.5, 0.5, 0.5], [0, 0, 0, 10, 10, 10], 5, 300,
+                                    batch=None if b is None else b.cpu())
+            for g, r in zip(got, ref):
+                assert (g is None and r is None) or torch.equal(g.cpu(), r), dtype
+            pointops.voxelize(points, [0.5, 0.5, 0.5], [0, 0, 0, 10, 10, 10], 5, 300, batch=b, padded=True)
+            for reduce in ("mean", "sum", "max"):
+                p = points.double().requires_grad_()
+                out = pointops.voxel_features(p, [0.5, 0.5, 0.5], [0, 0, 0, 10, 10, 10], reduce, batch=b)
+                out.features.sum().backward()
+    empty = torch.zeros(0, 4, device="cuda")
+    pointops.voxelize(empty, [0.5, 0.5, 0.5], [0, 0, 0, 10, 10, 10], 5, 300)
+    pointops.voxel_features(empty, [0.5, 0.5, 0.5], [0, 0, 0, 10, 10, 10])
+    print("voxelize cases ok")
+
+
 if __name__ == "__main__":
     chamfer_cases()
+    voxelize_cases()
     torch.cuda.synchronize()

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "../common/checks.h"
+#include "common/checks.h"
 
 #if defined(__CUDACC__)
 #define POINTOPS_HD __host__ __device__ __forceinline__

@@ -12,7 +12,7 @@
 #include <cmath>
 #include <vector>
 
-#include "voxelize.h"
+#include "voxelize/voxelize.h"
 
 namespace pointops {
 namespace voxelize {

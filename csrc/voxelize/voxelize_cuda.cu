@@ -19,15 +19,14 @@
 // order, one warp per voxel, one lane per feature column.
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <limits>
 
-#include "../common/cuda_utils.cuh"
-#include "voxelize.h"
+#include "common/cuda_utils.cuh"
+#include "voxelize/voxelize.h"
 
 namespace pointops {
 namespace voxelize {
@@ -297,7 +296,7 @@ struct Assigned {
 Assigned assign_voxels(const at::Tensor& points, const at::Tensor& batch, const Grid& grid, int64_t cap,
                        int64_t* num_voxels_out) {
   const int64_t n = points.size(0), f = points.size(1);
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
   const auto int_opts = points.options().dtype(at::kInt);
   const int64_t capacity = table_capacity(n);
   at::Tensor keys = at::empty({capacity}, points.options().dtype(at::kLong));
@@ -353,7 +352,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
             at::empty({0}, points.options().dtype(at::kLong)),
             padded ? num_voxels.zero_() : num_voxels};
   }
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t cap = std::min(max_voxels, n);
   Assigned a = assign_voxels(points, batch, grid, cap, padded ? num_voxels.mutable_data_ptr<int64_t>() : nullptr);
   at::Tensor cursor = at::cumsum(a.counts, 0, at::kInt);
@@ -421,7 +420,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> voxel_features_cuda(
     return {at::empty({0, f}, points.options()), at::empty({0, cols}, int_opts), at::empty({0}, int_opts),
             at::empty({0}, points.options().dtype(at::kLong))};
   }
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
   Assigned a = assign_voxels(points, batch, grid, /*cap=*/n, nullptr);
   const at::Tensor host_status = a.status.to(at::kCPU);  // V sizes the outputs
   check_bad_batch(host_status.const_data_ptr<int32_t>()[1], grid);
@@ -457,7 +456,7 @@ at::Tensor voxel_features_backward_cuda(const at::Tensor& grad_features_in, cons
   const int64_t n = points.size(0), f = points.size(1), nv = features.size(0);
   at::Tensor grad_points = at::empty_like(points);
   if (n == 0) return grad_points;
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
   const unsigned int blocks = grid_for(n * f, kThreads);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, points.scalar_type(), "voxel_features_backward_cuda", [&] {
     if (reduce != Reduce::kMax) {

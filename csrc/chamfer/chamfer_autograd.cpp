@@ -1,0 +1,94 @@
+// Autograd for nearest_neighbor / chamfer, in C++: a Python autograd wrapper costs ~100 us of host
+// time per call, more than the whole GPU forward of a typical training batch. The backward calls
+// the _nearest_neighbor_backward op, so torch.compile traces it through the fake kernels.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+namespace pointops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptionalTensor = c10::optional<at::Tensor>;
+
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_op(const at::Tensor& grad_dist, const at::Tensor& x,
+                                                                const at::Tensor& y, const at::Tensor& idx) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("pointops::_nearest_neighbor_backward", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                 const at::Tensor&, const at::Tensor&)>();
+  return op.call(grad_dist.contiguous(), x, y, idx);
+}
+
+class NearestNeighborFunction : public torch::autograd::Function<NearestNeighborFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
+                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pointops::nearest_neighbor", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                   const OptionalTensor&, const OptionalTensor&)>();
+    auto [dist, idx] = op.call(x, y, x_lengths, y_lengths);
+    ctx->save_for_backward({x, y, idx});
+    ctx->mark_non_differentiable({idx});
+    return {dist, idx};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [grad_x, grad_y] = nearest_neighbor_backward_op(grads[0], saved[0], saved[1], saved[2]);
+    return {grad_x, grad_y, at::Tensor(), at::Tensor()};
+  }
+};
+
+class ChamferFunction : public torch::autograd::Function<ChamferFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
+                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pointops::chamfer", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                             const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&)>();
+    auto [dist1, dist2, idx1, idx2] = op.call(x, y, x_lengths, y_lengths);
+    ctx->save_for_backward({x, y, idx1, idx2});
+    ctx->mark_non_differentiable({idx1, idx2});
+    return {dist1, dist2, idx1, idx2};
+  }
+
+  // dist1 = |x - y[idx1]|^2 feeds x directly and y through the match; dist2 the other way round.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &y = saved[1], &idx1 = saved[2], &idx2 = saved[3];
+    auto [grad_x1, grad_y1] = nearest_neighbor_backward_op(grads[0], x, y, idx1);
+    auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grads[1], y, x, idx2);
+    return {grad_x1.add_(grad_x2), grad_y1.add_(grad_y2), at::Tensor(), at::Tensor()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_autograd(const at::Tensor& x, const at::Tensor& y,
+                                                             const OptionalTensor& x_lengths,
+                                                             const OptionalTensor& y_lengths) {
+  auto out = NearestNeighborFunction::apply(x, y, x_lengths, y_lengths);
+  return {out[0], out[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_autograd(const at::Tensor& x, const at::Tensor& y,
+                                                                            const OptionalTensor& x_lengths,
+                                                                            const OptionalTensor& y_lengths) {
+  auto out = ChamferFunction::apply(x, y, x_lengths, y_lengths);
+  return {out[0], out[1], out[2], out[3]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pointops, Autograd, m) {
+  m.impl("nearest_neighbor", &nearest_neighbor_autograd);
+  m.impl("chamfer", &chamfer_autograd);
+}
+
+}  // namespace pointops
