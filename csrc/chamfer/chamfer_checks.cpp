@@ -57,11 +57,11 @@ void check_nearest_neighbor_backward_inputs(const at::Tensor& grad_dist, const a
                                             const at::Tensor& y, const at::Tensor& idx) {
   check_nearest_neighbor_inputs(x, y, c10::nullopt, c10::nullopt);
   const std::vector<int64_t> expected{x.size(0), x.size(1)};
-  TORCH_CHECK(grad_dist.sizes() == at::IntArrayRef(expected), "grad_dist must have shape (B, N) = ", expected,
+  TORCH_CHECK(grad_dist.sizes() == at::IntArrayRef(expected), "grad_dist must have shape (B, N) = ", at::IntArrayRef(expected),
               ", got ", grad_dist.sizes());
   check_same_dtype(grad_dist, x, "grad_dist", "x");
   check_same_device(grad_dist, x, "grad_dist", "x");
-  TORCH_CHECK(idx.sizes() == at::IntArrayRef(expected), "idx must have shape (B, N) = ", expected, ", got ",
+  TORCH_CHECK(idx.sizes() == at::IntArrayRef(expected), "idx must have shape (B, N) = ", at::IntArrayRef(expected), ", got ",
               idx.sizes());
   TORCH_CHECK(idx.scalar_type() == at::kLong, "idx must be int64, got ", idx.scalar_type());
   check_same_device(idx, x, "idx", "x");
