@@ -28,7 +28,8 @@ def _jit_build():
     # A distinct module name per variant so a CPU and a CUDA build never share a cache entry.
     name = "pointops_C_cuda" if with_cuda else "pointops_C_cpu"
     macros = _sources.define_macros(__version__, with_cuda)
-    defines = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in macros]
+    # ninja hands flags to a shell: string literals keep their quotes only when escaped.
+    defines = [f"-D{k}" if v is None else f"-D{k}={v}".replace('"', '\\"') for k, v in macros]
     return load(
         name=name,
         sources=_sources.source_files(with_cuda),

@@ -56,6 +56,8 @@ def assert_nearest_correct(dist, idx, x, y, x_lengths=None, y_lengths=None):
     # The chosen neighbour is at the true minimum distance up to the rounding of two distances
     # (indices may differ from the oracle only between neighbours that close).
     matched = idx >= 0
+    if pairs.shape[2] == 0:  # empty reference clouds: nothing can be matched (checked above)
+        return
     chosen = pairs.gather(2, idx.clamp(min=0)[..., None])[..., 0]
     slack = 2 * (dim + 2) * accumulate_unit(x.dtype)
     assert (chosen[matched] <= ref_dist[matched] * (1 + slack) + 1e-300).all()
@@ -570,3 +572,27 @@ def test_real_mesh_vertices(device, shared_data):
     dist1, dist2, idx1, idx2 = pointops.chamfer(x, y)
     assert_nearest_correct(dist1, idx1, x, y)
     assert_nearest_correct(dist2, idx2, y, x)
+
+
+# ---------------------------------------------------------------- property test
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(B=st.integers(1, 3), N=st.integers(0, 40), M=st.integers(0, 40), dim=st.integers(1, 6),
+       seed=st.integers(0, 2**16), ragged=st.booleans(), grid=st.booleans())
+def test_property_any_shape_matches_oracle(B, N, M, dim, seed, ragged, grid):
+    """Any shape, ragged or not; `grid` puts points on a coarse integer lattice (many exact ties)."""
+    g = torch.Generator().manual_seed(seed)
+    make = (lambda n: torch.randint(-2, 3, (B, n, dim), generator=g).float()) if grid else (
+        lambda n: torch.randn(B, n, dim, generator=g))
+    x, y = make(N), make(M)
+    xl = torch.randint(0, N + 1, (B,), generator=g) if ragged else None
+    yl = torch.randint(0, M + 1, (B,), generator=g) if ragged else None
+    for device in ["cpu"] + (["cuda"] if HAS_CUDA else []):
+        args = [t.to(device) if t is not None else None for t in (x, y, xl, yl)]
+        dist1, dist2, idx1, idx2 = pointops.chamfer(*args)
+        assert_nearest_correct(dist1, idx1, x, y, xl, yl)
+        assert_nearest_correct(dist2, idx2, y, x, yl, xl)
+        if grid:  # integer coordinates: distances exact, so indices are exactly the oracle's
+            assert torch.equal(idx1.cpu(), reference_nearest(x, y, xl, yl)[1])
