@@ -70,6 +70,26 @@ __device__ inline BlockCoordinates block_coordinates(int64_t batch_size, int64_t
   return {static_cast<int>(rest / batch_size), rest % batch_size, flat % max_chunks};
 }
 
+// What one search block works on: cloud b, queries from q_base, references [m_begin, m_end).
+struct SearchRange {
+  int64_t b, n_valid, q_base, m_begin, m_end;
+};
+
+// False when the block has nothing to search (past its direction's chunks or splits, or only
+// padded queries, whose outputs the finalize kernel writes).
+template <typename Dir>
+__device__ inline bool search_range(const Dir& dir, const BlockCoordinates& where, int64_t chunk_size,
+                                    SearchRange& range) {
+  if (where.chunk >= dir.query_chunks || blockIdx.y >= dir.num_splits) return false;
+  range.b = where.batch;
+  range.n_valid = dir.query_lengths ? dir.query_lengths[range.b] : dir.num_queries;
+  const int64_t m_valid = dir.ref_lengths ? dir.ref_lengths[range.b] : dir.num_refs;
+  range.q_base = where.chunk * chunk_size;
+  range.m_begin = static_cast<int64_t>(blockIdx.y) * dir.split_len;
+  range.m_end = min(range.m_begin + dir.split_len, m_valid);
+  return range.q_base < range.n_valid;
+}
+
 template <typename scalar_t, int D>
 __global__ void __launch_bounds__(kThreads)
 nearest_neighbor_partial_kernel(Direction<scalar_t, at::opmath_type<scalar_t>> first,
@@ -82,14 +102,10 @@ nearest_neighbor_partial_kernel(Direction<scalar_t, at::opmath_type<scalar_t>> f
 
   const auto where = block_coordinates(batch_size, max_chunks);
   const auto& dir = where.direction == 0 ? first : second;
-  if (where.chunk >= dir.query_chunks || blockIdx.y >= dir.num_splits) return;
-  const int64_t b = where.batch, N = dir.num_queries, M = dir.num_refs;
-  const int64_t n_valid = dir.query_lengths ? dir.query_lengths[b] : N;
-  const int64_t m_valid = dir.ref_lengths ? dir.ref_lengths[b] : M;
-  const int64_t q_base = where.chunk * (kThreads * Q);
-  if (q_base >= n_valid) return;  // padded queries only: the finalize kernel writes them
-  const int64_t m_begin = static_cast<int64_t>(blockIdx.y) * dir.split_len;
-  const int64_t m_end = min(m_begin + dir.split_len, m_valid);
+  SearchRange range;
+  if (!search_range(dir, where, kThreads * Q, range)) return;
+  const int64_t b = range.b, N = dir.num_queries, M = dir.num_refs;
+  const int64_t n_valid = range.n_valid, q_base = range.q_base, m_begin = range.m_begin, m_end = range.m_end;
   const scalar_t* refs = dir.refs + b * M * D;
 
   acc_t q[Q][D];
@@ -175,14 +191,10 @@ nearest_neighbor_partial_generic_kernel(Direction<scalar_t, at::opmath_type<scal
 
   const auto where = block_coordinates(batch_size, max_chunks);
   const auto& dir = where.direction == 0 ? first : second;
-  if (where.chunk >= dir.query_chunks || blockIdx.y >= dir.num_splits) return;
-  const int64_t b = where.batch, N = dir.num_queries, M = dir.num_refs;
-  const int64_t n_valid = dir.query_lengths ? dir.query_lengths[b] : N;
-  const int64_t m_valid = dir.ref_lengths ? dir.ref_lengths[b] : M;
-  const int64_t q_base = where.chunk * kThreads;
-  if (q_base >= n_valid) return;
-  const int64_t m_begin = static_cast<int64_t>(blockIdx.y) * dir.split_len;
-  const int64_t m_end = min(m_begin + dir.split_len, m_valid);
+  SearchRange range;
+  if (!search_range(dir, where, kThreads, range)) return;
+  const int64_t b = range.b, N = dir.num_queries, M = dir.num_refs;
+  const int64_t n_valid = range.n_valid, q_base = range.q_base, m_begin = range.m_begin, m_end = range.m_end;
   const int64_t i = q_base + threadIdx.x;
   const scalar_t* query = dir.queries + (b * N + min(i, n_valid - 1)) * dim;
   const scalar_t* refs = dir.refs + b * M * dim;
