@@ -10,6 +10,13 @@ OUT=${OUT:-/tmp/pointops-out}
 mkdir -p "$OUT"
 STAGES=${STAGES:-build test sanitize bench}
 export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} PYTHONUNBUFFERED=1
+# The GPU image's Python was built with /opt/gcc/bin/g++, which links libstdc++ statically into
+# every extension: a second libstdc++ copy whose locale facets are never initialised, so the first
+# integer formatted into an error message segfaults (even a one-function load_inline extension;
+# scripts/debug/inline_probe.py). Build with the system compiler, which links it dynamically.
+if [ -x /usr/bin/g++ ]; then
+  export CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared"
+fi
 status=0
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
@@ -22,6 +29,7 @@ if stage build; then
   fi
   echo "build: $(( $(date +%s) - start )) s"
   python -c "import pointops, torch; print(pointops.build_info(), torch.cuda.get_device_name())"
+  ldd pointops/_C*.so | grep -q libstdc++ || echo "WARNING: pointops/_C links libstdc++ statically"
 fi
 
 if stage test; then
