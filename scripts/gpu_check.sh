@@ -44,6 +44,12 @@ if stage sanitize; then
     echo "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
     [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/sanitize-$tool.log"; }
   done
+  # memcheck over the CUDA tests themselves (compile tests left out: slow under the sanitizer)
+  compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest tests -q -p no:cacheprovider \
+    -k "cuda and not compile" >"$OUT/sanitize-tests.log" 2>&1
+  rc=$?
+  echo "compute-sanitizer memcheck on CUDA tests: rc=$rc, $(grep -E 'ERROR SUMMARY' "$OUT/sanitize-tests.log" | tail -1) $(grep -E 'passed|failed' "$OUT/sanitize-tests.log" | tail -1)"
+  [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/sanitize-tests.log"; }
 fi
 
 if stage bench; then
