@@ -374,6 +374,22 @@ def test_cuda_non_default_stream():
     assert_same(dyn, reference_voxel_features(points.cpu(), VOXEL, RANGE, "max"))
 
 
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_cuda_second_device():
+    # The device guard: tensors on cuda:1 while cuda:0 is current.
+    points = make_cloud("random", n=5000)
+    batch = torch.randint(0, 3, (5000,))
+    expected = voxelize(points, VOXEL, RANGE, 4, 100, batch=batch)
+    out = voxelize(points.to("cuda:1"), VOXEL, RANGE, 4, 100, batch=batch.to("cuda:1"))
+    padded = voxelize(points.to("cuda:1"), VOXEL, RANGE, 4, 100, batch=batch.to("cuda:1"), padded=True)
+    for name in ("voxels", "coords", "num_points", "features", "point_to_voxel"):
+        assert getattr(out, name).device == torch.device("cuda:1")
+        assert torch.equal(getattr(out, name).cpu(), getattr(expected, name))
+    assert int(padded.num_voxels) == out.voxels.shape[0]
+    dyn = voxel_features(points.to("cuda:1"), VOXEL, RANGE, "mean")
+    assert_same(dyn, reference_voxel_features(points, VOXEL, RANGE, "mean"))
+
+
 # ---------------------------------------------------------------- gradients
 
 @pytest.mark.parametrize("device", DEVICES)
