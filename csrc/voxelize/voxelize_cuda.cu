@@ -8,40 +8,44 @@
 //   scan          (cub) voxel id of a first point = number of first points up to it, the flag
 //                 "i is the first point of its voxel" computed on the fly by the scan's input
 //                 iterator: ids in order of first appearance, independent of the atomics' order
-//   assign        point_to_voxel[i], per-voxel point counts (integer atomics: order-independent)
-//   scan          (cub) CSR offsets of the voxels
-//   fill_csr      the points of each voxel, in arbitrary order (the set is deterministic)
+//   assign        point_to_voxel[i], per-voxel point counts (integer atomics: order-independent),
+//                 the sort pairs (key = voxel id, or cap for a dropped point; value = i)
+//   sort          (cub) stable radix sort of the pairs on the bits of [0, cap]: every voxel's
+//                 points become a contiguous run in input order (voxel 0 first, dropped points
+//                 last), so nothing downstream has to rank or select
+//   starts        starts[v] = the position of voxel v's run (where the sorted key changes)
 //   -- voxelize: one host sync to learn V (none in voxelize_padded) --
-//   gather        one resident wave of warps, each owning a contiguous range of voxels (walked
-//                 in chunks of 32, the next voxel's members prefetched): ranks a voxel's members
-//                 by point index (input order), keeps the P smallest, copies those rows, sums them
-//                 in input order in opmath_t and divides: bit-identical to the CPU loop. Padding
-//                 rows (padded op): one flat fill by the whole grid.
-// voxel_features instead stable-sorts point_to_voxel and reduces every point of a voxel in input
+//   means         one thread per (voxel, column): sums the voxel's first min(count, P) points in
+//                 input order in opmath_t and divides once (bit-identical to the CPU loop); the
+//                 column-0 thread writes coords (from the voxel's first point) and num_points.
+//                 Padding rows (padded op): zeros, coords -1, num_points 0
+//   voxels        one thread per output element (v, r, k), consecutive threads on consecutive
+//                 elements: the r-th sorted point's column k, or 0 (r >= kept, padding rows)
+// voxel_features shares everything up to starts and reduces every point of a voxel in input
 // order, one warp per voxel, one lane per feature column.
 //
 // Cost on an H100 (torch.profiler; nuScenes scan: 271,156 points, F = 5 float32, voxel
-// 0.075 x 0.075 x 0.2, P = 10, max_voxels 160,000 -> 105,086 voxels, 2,026 with > 10 points,
-// the largest 1,051), per call:
-//   before (commit 525ec6a): GPU ~120 us = gather 75 (85 padded) + insert 11 + 2 x at::cumsum ~10
-//     + assign 7 + fill_csr 7 + init_table 5 + mark_first 4; each at::cumsum ~30 us of host time,
-//     9 scratch at::empty ~4 us each. Whole call 0.203 ms (padded 0.195 ms).
+// 0.075 x 0.075 x 0.2, P = 10, max_voxels 160,000 -> 105,086 voxels, 217,374 kept points, 2,026
+// voxels with > 10 points, the largest 1,051), per call:
+//   before (commit b685e58): GPU ~130 us = gather 79 + is-first scan 13 + insert 13 + fill_csr 6
+//     + assign 6 + memset 4.4 + counts scan 3.5 + scan init 2 + DtoH 1.6. Whole call 0.174 ms
+//     (padded 0.161 ms). The gather (a persistent one-wave grid, each warp walking ~33 voxels, each
+//     voxel a chain of dependent loads: counts/starts -> unordered CSR members -> rank/select ->
+//     rows) was latency-bound at ~2.4 us per voxel per warp.
 //   expected now (NOT yet measured; compare against the above):
-//     gather ~12-20 us (padded ~+4 us for the 11 MB of padding): per voxel of <= 32 points
-//       (nearly all) one coalesced load of its members (prefetched during the previous voxel),
-//       count shuffles to rank them, the selection staged in shared memory, then the P x F row
-//       written by consecutive lanes (coalesced) and the mean summed from L1-resident rows, instead
-//       of P serial warp-min rounds (5-shuffle chains) each with a 20-byte scattered store, then a
-//       re-read of the row. Counts/starts come in one coalesced load per 32 voxels. The kernel is
-//       latency-bound: ~34 voxels per warp (76-80 registers, 3 blocks/SM) x ~0.4 us exposed
-//       latency (the point rows) per voxel. Crowded voxels (> 32 points) keep the round-based
-//       selection, with the first 32 members in a register and the rest L1-resident.
-//     insert ~11 us (+ zeroing the 1 MB of counts, - atomicMin where first[] is already smaller),
-//     memset ~4 us (was init_table 5), mark_first gone (fused into the cub scan's input iterator),
-//     2 x cub scan ~3-5 us of GPU and ~5 us of host time each (at::cumsum: ~30 us host), assign 7,
-//     fill_csr 7. Host: 2 allocations before the sync (was 9 + the cumsum outputs), the SM count
-//     cached, the status read an 8-byte memcpy_and_sync instead of Tensor::to(kCPU).
-//     Whole call expected ~0.10-0.12 ms (padded ~0.08-0.10 ms).
+//     sort ~12-18 us: 19 key bits (cap = 271,156 < 2^19) = 3 onesweep passes of 8 bits, each
+//       reading and writing 271k x 8 B (~4.3 MB, L2-resident), plus cub's histogram and
+//       exclusive-sum kernels and 5 small memsets (10 operations: ~1 us of GPU each for the
+//       memsets, ~3-4 us per pass).
+//     starts ~2-3 us (reads 1 MB of sorted keys, writes 0.4 MB), replacing fill_csr 6 + the
+//       counts scan 3.5 + its init 2.
+//     voxels ~8-12 us: writes V x P x F x 4 B = 21 MB (~8 us at ~2.5 TB/s) and reads 217k point
+//       rows (L2-resident); each thread handles 4 elements with their 3 dependent loads (count and
+//       start -> sorted point -> value) batched, so each warp has 4 chains in flight.
+//     means ~3-5 us: 525k threads, each summing <= P values of one column (L1/L2 hits).
+//     Unchanged: insert 13, is-first scan 13 + init 2, assign ~6-7 (+ 2 MB of sort pairs written),
+//     memset 4.4. GPU ~75-85 us. Host: the sort adds ~10 launches before the sync, where they
+//     overlap the GPU; after the sync 2 launches (was 1). Whole call expected ~0.11-0.13 ms.
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
@@ -49,6 +53,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
@@ -65,15 +70,13 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
-constexpr int kWarpsPerBlock = kThreads / kWarp;
 constexpr unsigned kFullMask = 0xffffffffu;
 // Keys are >= 0, so all-ones (the int64 -1) never collides with a real key; the table is cleared
 // with a 0xFF memset.
 constexpr unsigned long long kEmptyKey = ~0ull;
 constexpr int32_t kNoPoint = std::numeric_limits<int32_t>::max();
-// gather: at least 3 resident blocks of 256 threads per SM (<= 85 registers; it needs ~76-80, no
-// spills; 64 would spill ~150 bytes). The grid is at most that many blocks: one wave.
-constexpr int kGatherMinBlocks = 3;
+// Output elements per thread and grid-stride step in voxels_kernel (their loads are batched).
+constexpr int kVoxelsUnroll = 4;
 
 // The SM count, cached per device (the attribute query costs host time on every launch).
 inline int64_t cached_sm_count() {
@@ -152,9 +155,11 @@ inline IsFirstIterator is_first_iterator(const int32_t* slot_of_point, const uns
 
 // voxel id = (inclusive count of first points up to the voxel's first point) - 1. Voxels with an
 // id >= cap are dropped (-1). status[0] = total voxel count; num_voxels (padded op) = min(total, cap).
+// The sort pairs: key = the voxel id, or cap (above every kept id) for a point without one; value = i.
 __global__ void assign_kernel(const int32_t* __restrict__ slot_of_point, const unsigned int* __restrict__ first,
                               const int32_t* __restrict__ first_rank, int64_t n, int64_t cap,
                               int64_t* __restrict__ point_to_voxel, int32_t* __restrict__ counts,
+                              uint32_t* __restrict__ sort_keys, int32_t* __restrict__ sort_points,
                               int32_t* __restrict__ status, int64_t* __restrict__ num_voxels) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -168,6 +173,8 @@ __global__ void assign_kernel(const int32_t* __restrict__ slot_of_point, const u
       }
     }
     point_to_voxel[i] = voxel;
+    sort_keys[i] = static_cast<uint32_t>(voxel >= 0 ? voxel : cap);  // cap <= n <= 2^30
+    sort_points[i] = static_cast<int32_t>(i);
     if (i == n - 1) {
       status[0] = first_rank[n - 1];
       if (num_voxels) *num_voxels = std::min<int64_t>(first_rank[n - 1], cap);
@@ -175,33 +182,15 @@ __global__ void assign_kernel(const int32_t* __restrict__ slot_of_point, const u
   }
 }
 
-// `cursor` enters as the inclusive prefix sum of the counts and leaves as the exclusive one.
-__global__ void fill_csr_kernel(const int64_t* __restrict__ point_to_voxel, int64_t n, int32_t* __restrict__ cursor,
-                                int32_t* __restrict__ members) {
+// starts[v] = the first position of key v in the sorted keys, for every kept voxel v (each has at
+// least its first point). Dropped points (key cap) sort after every kept voxel and write nothing.
+__global__ void starts_kernel(const uint32_t* __restrict__ sorted_keys, int64_t n, uint32_t cap,
+                              int32_t* __restrict__ starts) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t v = point_to_voxel[i];
-    if (v >= 0) members[atomicSub(&cursor[v], 1) - 1] = static_cast<int32_t>(i);
+    const uint32_t key = sorted_keys[i];
+    if (key < cap && (i == 0 || sorted_keys[i - 1] != key)) starts[key] = static_cast<int32_t>(i);
   }
-}
-
-__device__ __forceinline__ int32_t warp_min(int32_t x) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) x = min(x, __shfl_xor_sync(kFullMask, x, offset));
-  return x;
-}
-
-// The smallest member index above `last` over the whole warp (every lane gets it). `mine` is the
-// member `lane` (loaded once per voxel); members 32.. are read from memory (L1-resident after the
-// first round). All 32 lanes must call it (warp-uniform arguments).
-__device__ __forceinline__ int32_t next_member(int32_t mine, const int32_t* __restrict__ members, int64_t start,
-                                               int32_t count, int lane, int32_t last) {
-  int32_t best = mine > last ? mine : kNoPoint;
-#pragma unroll 4
-  for (int32_t j = lane + kWarp; j < count; j += kWarp) {
-    const int32_t idx = members[start + j];
-    best = (idx > last && idx < best) ? idx : best;
-  }
-  return warp_min(best);
 }
 
 template <typename scalar_t, typename cell_t>
@@ -215,173 +204,143 @@ __device__ __forceinline__ void write_coords(const scalar_t* row, const int64_t*
   out[2] = static_cast<int32_t>(cell[0]);
 }
 
-// Rows v < real are real voxels; rows in [real, rows) (padded op: real is read from the device)
-// are padding: zeros, coords -1, filled flat by the whole grid at the end.
-//
-// Each warp owns a contiguous range of voxels, taken in chunks of 32: lane j loads the count and
-// start of voxel v0 + j (one coalesced load for the chunk), and the warp walks the chunk one voxel at a time,
-// loading the next voxel's first 32 members while it works on the current one (so the only
-// exposed latency per voxel is the point rows).
-//
-// A voxel's kept points (at most P, the smallest point indices, in increasing order) are first
-// selected into the warp's slice of shared memory, sel[r] = the r-th kept point:
-//   count <= 32 (nearly all voxels): lane i holds member i; its rank = the number of members with
-//     a smaller index (count shuffles); lanes with rank < kept write sel[rank].
-//   count > 32, kept <= 32: kept rounds of "smallest member above the previous one".
-// Then the P x F row is written with consecutive lanes on consecutive elements (coalesced), lanes
-// k < F sum column k over r = 0..kept-1 in order (the same values the row holds, in the same
-// order as the CPU), lane 0 writes coords and the count.
-//   count > 32 and kept > 32 (P > 32, rare): sel cannot hold the selection; the rows are written
-//     one per round and the mean re-reads them (the original path).
-template <typename scalar_t, typename cell_t>
-__global__ void __launch_bounds__(kThreads, kGatherMinBlocks)
-    gather_voxels_kernel(const scalar_t* __restrict__ points, int64_t num_features, const int64_t* __restrict__ batch,
-                         CellParams<cell_t> grid, const int32_t* __restrict__ members,
-                         const int32_t* __restrict__ starts, const int32_t* __restrict__ counts,
-                         const int32_t* __restrict__ device_total, int64_t cap, int64_t rows, int32_t max_points,
-                         int coord_cols, scalar_t* __restrict__ voxels, int32_t* __restrict__ coords,
-                         int32_t* __restrict__ num_points, scalar_t* __restrict__ features) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  __shared__ int32_t selected[kWarpsPerBlock][kWarp];
-  const int lane = threadIdx.x % kWarp;
-  int32_t* sel = selected[threadIdx.x / kWarp];
-  const int64_t total_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
-  const int64_t real = device_total ? std::min<int64_t>(*device_total, cap) : rows;
-  const int64_t F = num_features, row_elems = static_cast<int64_t>(max_points) * F;
-  // Element e = lane + 32 t of a row is (rank e / F, column e % F), walked without divisions.
-  // All four are < 32.
-  const int32_t lane_rank = static_cast<int32_t>(lane / F), lane_col = static_cast<int32_t>(lane % F);
-  const int32_t step_rank = static_cast<int32_t>(kWarp / F), step_col = static_cast<int32_t>(kWarp % F);
-  // Warp w owns the rows [w * per_warp, (w + 1) * per_warp) (a balanced split: the grid is one
-  // resident wave), walked in chunks of 32.
-  const int64_t warp_id = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
-  const int64_t per_warp = ceil_div<int64_t>(real, total_warps);
-  const int64_t begin = std::min<int64_t>(warp_id * per_warp, real), end = std::min<int64_t>(begin + per_warp, real);
-  for (int64_t v0 = begin; v0 < end; v0 += kWarp) {
-    const int32_t chunk = static_cast<int32_t>(std::min<int64_t>(kWarp, end - v0));
-    const int32_t chunk_count = lane < chunk ? counts[v0 + lane] : 0;
-    const int32_t chunk_start = lane < chunk ? starts[v0 + lane] : 0;
-    int32_t count = __shfl_sync(kFullMask, chunk_count, 0);  // >= 1: a voxel's first point is counted
-    int64_t start = __shfl_sync(kFullMask, chunk_start, 0);
-    int32_t mine = lane < count ? members[start + lane] : kNoPoint;
-    for (int32_t j = 0; j < chunk; ++j) {
-      // The next voxel's count, start and first 32 members, loaded before they are needed.
-      const int32_t next_count_raw = __shfl_sync(kFullMask, chunk_count, (j + 1) % kWarp);
-      const int64_t next_start = __shfl_sync(kFullMask, chunk_start, (j + 1) % kWarp);
-      const int32_t next_count = j + 1 < chunk ? next_count_raw : 0;
-      const int32_t next_mine = lane < next_count ? members[next_start + lane] : kNoPoint;
+// The number of real (non-padding) rows: `rows` for the exact op, min(total, cap) read from the
+// device for the padded one.
+__device__ __forceinline__ int64_t real_rows(const int32_t* device_total, int64_t cap, int64_t rows) {
+  return device_total ? std::min<int64_t>(*device_total, cap) : rows;
+}
 
-      const int64_t v = v0 + j;
-      scalar_t* voxel = voxels + v * row_elems;
-      const int32_t kept = min(count, max_points);
-      int32_t first_point = 0;  // set below: kept >= 1
-      if (count <= kWarp || kept <= kWarp) {
-        if (count <= kWarp) {
-          int32_t rank = 0;
-#pragma unroll 4
-          for (int32_t i = 0; i < count; ++i) rank += __shfl_sync(kFullMask, mine, i) < mine ? 1 : 0;
-          if (lane < count && rank < kept) sel[rank] = mine;
-        } else {
-          int32_t last = -1;
-#pragma unroll 1
-          for (int32_t r = 0; r < kept; ++r) {
-            last = next_member(mine, members, start, count, lane, last);
-            if (lane == 0) sel[r] = last;
-          }
-        }
-        __syncwarp();  // sel was written by some lanes and is read by all below
-        const int64_t data = static_cast<int64_t>(kept) * F;
-        int32_t r = lane_rank;
-        int64_t k = lane_col;
-#pragma unroll 2
-        for (int64_t e = lane; e < data; e += kWarp) {
-          voxel[e] = points[static_cast<int64_t>(sel[r]) * F + k];
-          r += step_rank;
-          k += step_col;
-          if (k >= F) {
-            k -= F;
-            ++r;
-          }
-        }
-#pragma unroll 1
-        for (int64_t e = data + lane; e < row_elems; e += kWarp) voxel[e] = scalar_t(0);
-#pragma unroll 1
-        for (int64_t c = lane; c < F; c += kWarp) {
-          opmath_t sum = 0;
-#pragma unroll 4
-          for (int32_t q = 0; q < kept; ++q) sum += static_cast<opmath_t>(points[static_cast<int64_t>(sel[q]) * F + c]);
-          features[v * F + c] = static_cast<scalar_t>(sum / static_cast<opmath_t>(kept));
-        }
-        first_point = sel[0];
-        __syncwarp();  // every lane is done reading sel before the next voxel overwrites it
-      } else {
-        int32_t last = -1;
-#pragma unroll 1
-        for (int32_t r = 0; r < kept; ++r) {
-          last = next_member(mine, members, start, count, lane, last);
-          const scalar_t* src = points + static_cast<int64_t>(last) * F;
-#pragma unroll 1
-          for (int64_t k = lane; k < F; k += kWarp) voxel[r * F + k] = src[k];
-          if (r == 0) first_point = last;
-        }
-        __syncwarp();  // the rows written above by other lanes are read back below
-#pragma unroll 1
-        for (int64_t k = lane; k < F; k += kWarp) {
-          opmath_t sum = 0;
-#pragma unroll 1
-          for (int32_t r = 0; r < kept; ++r) sum += static_cast<opmath_t>(voxel[r * F + k]);
-          features[v * F + k] = static_cast<scalar_t>(sum / static_cast<opmath_t>(kept));
-        }
-#pragma unroll 1
-        for (int64_t e = static_cast<int64_t>(kept) * F + lane; e < row_elems; e += kWarp) voxel[e] = scalar_t(0);
+// One thread per (row v, column k) of features; the k == 0 thread also writes coords[v] and
+// num_points[v]. Real rows: the voxel's kept points are sorted_points[start, start + kept), in
+// input order; column k is summed over them in that order in opmath_t and divided once by kept
+// (the CPU's loop, bit for bit). Padding rows: 0, coords -1, num_points 0.
+// index_t: uint32_t when rows * F <= INT32_MAX (cheaper divisions), else uint64_t.
+template <typename scalar_t, typename cell_t, typename index_t>
+__global__ void means_kernel(const scalar_t* __restrict__ points, int64_t num_features,
+                             const int64_t* __restrict__ batch, CellParams<cell_t> grid,
+                             const int32_t* __restrict__ sorted_points, const int32_t* __restrict__ starts,
+                             const int32_t* __restrict__ counts, const int32_t* __restrict__ device_total,
+                             int64_t cap, int64_t rows, int32_t max_points, int coord_cols,
+                             scalar_t* __restrict__ features, int32_t* __restrict__ coords,
+                             int32_t* __restrict__ num_points) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t F = num_features;
+  const index_t f = static_cast<index_t>(num_features);
+  const index_t real = static_cast<index_t>(real_rows(device_total, cap, rows));
+  const index_t total = static_cast<index_t>(rows) * f;
+  const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x;
+  for (index_t e = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+    const index_t v = e / f, k = e - v * f;
+    if (v < real) {
+      const int32_t kept = min(counts[v], max_points);  // >= 1: the first point is counted
+      const int32_t* __restrict__ members = sorted_points + starts[v];
+      opmath_t sum = 0;
+      int32_t q = 0;
+      // Four rows' loads issued together, added strictly in order.
+      for (; q + 4 <= kept; q += 4) {
+        const int64_t i0 = members[q], i1 = members[q + 1], i2 = members[q + 2], i3 = members[q + 3];
+        const opmath_t x0 = static_cast<opmath_t>(points[i0 * F + k]);
+        const opmath_t x1 = static_cast<opmath_t>(points[i1 * F + k]);
+        const opmath_t x2 = static_cast<opmath_t>(points[i2 * F + k]);
+        const opmath_t x3 = static_cast<opmath_t>(points[i3 * F + k]);
+        sum += x0;
+        sum += x1;
+        sum += x2;
+        sum += x3;
       }
-      if (lane == 0) {
-        write_coords(points + static_cast<int64_t>(first_point) * F, batch, first_point, grid, coords + v * coord_cols);
+      for (; q < kept; ++q) sum += static_cast<opmath_t>(points[static_cast<int64_t>(members[q]) * F + k]);
+      features[e] = static_cast<scalar_t>(sum / static_cast<opmath_t>(kept));
+      if (k == 0) {
+        const int64_t first_point = members[0];
+        write_coords(points + first_point * F, batch, first_point, grid, coords + static_cast<int64_t>(v) * coord_cols);
         num_points[v] = kept;
       }
-      count = next_count;
-      start = next_start;
-      mine = next_mine;
+    } else {
+      features[e] = scalar_t(0);
+      if (k == 0) {
+        for (int c = 0; c < coord_cols; ++c) coords[static_cast<int64_t>(v) * coord_cols + c] = -1;
+        num_points[v] = 0;
+      }
     }
   }
-  if (real < rows) {
-    const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-#pragma unroll 1
-    for (int64_t e = real * row_elems + tid; e < rows * row_elems; e += stride) voxels[e] = scalar_t(0);
-#pragma unroll 1
-    for (int64_t e = real * F + tid; e < rows * F; e += stride) features[e] = scalar_t(0);
-#pragma unroll 1
-    for (int64_t e = real * coord_cols + tid; e < rows * coord_cols; e += stride) coords[e] = -1;
-#pragma unroll 1
-    for (int64_t e = real + tid; e < rows; e += stride) num_points[e] = 0;
+}
+
+// One thread per element e = (v, r, k) of voxels (rows x P x F), kVoxelsUnroll elements per
+// thread and step (blockDim.x apart: every one of them coalesced across the warp), their loads
+// batched in three rounds: count and start of v -> sorted point -> value. The value is the r-th
+// kept point's column k, or 0 for r >= kept and for padding rows.
+// index_t: uint32_t when rows * P * F <= INT32_MAX, else uint64_t.
+template <typename scalar_t, typename index_t>
+__global__ void voxels_kernel(const scalar_t* __restrict__ points, int64_t num_features,
+                              const int32_t* __restrict__ sorted_points, const int32_t* __restrict__ starts,
+                              const int32_t* __restrict__ counts, const int32_t* __restrict__ device_total,
+                              int64_t cap, int64_t rows, int32_t max_points, scalar_t* __restrict__ voxels) {
+  const int64_t F = num_features;
+  const index_t f = static_cast<index_t>(num_features);
+  const index_t row_elems = static_cast<index_t>(max_points) * f;
+  const index_t total = static_cast<index_t>(rows) * row_elems;
+  const index_t real_elems = static_cast<index_t>(real_rows(device_total, cap, rows)) * row_elems;
+  const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x * kVoxelsUnroll;
+  for (index_t base = static_cast<index_t>(blockIdx.x) * blockDim.x * kVoxelsUnroll + threadIdx.x; base < total;
+       base += stride) {
+    index_t rank[kVoxelsUnroll], col[kVoxelsUnroll];
+    int32_t kept[kVoxelsUnroll], start[kVoxelsUnroll];
+#pragma unroll
+    for (int j = 0; j < kVoxelsUnroll; ++j) {
+      const index_t e = base + static_cast<index_t>(j) * blockDim.x;
+      rank[j] = 0;
+      col[j] = 0;
+      kept[j] = 0;  // padding rows and elements past the end: nothing kept
+      start[j] = 0;
+      if (e < real_elems) {
+        const index_t v = e / row_elems, rem = e - v * row_elems;
+        rank[j] = rem / f;
+        col[j] = rem - rank[j] * f;
+        kept[j] = min(counts[v], max_points);
+        start[j] = starts[v];
+      }
+    }
+    int64_t point[kVoxelsUnroll];
+#pragma unroll
+    for (int j = 0; j < kVoxelsUnroll; ++j) {
+      point[j] = rank[j] < static_cast<index_t>(kept[j]) ? sorted_points[static_cast<int64_t>(start[j]) + rank[j]] : -1;
+    }
+    scalar_t value[kVoxelsUnroll];
+#pragma unroll
+    for (int j = 0; j < kVoxelsUnroll; ++j) {
+      value[j] = point[j] >= 0 ? points[point[j] * F + static_cast<int64_t>(col[j])] : scalar_t(0);
+    }
+#pragma unroll
+    for (int j = 0; j < kVoxelsUnroll; ++j) {
+      const index_t e = base + static_cast<index_t>(j) * blockDim.x;
+      if (e < total) voxels[e] = value[j];
+    }
   }
 }
 
 // One warp per voxel; lane k reduces feature column k over the voxel's points in input order
-// (`order` is point_to_voxel stable-sorted: out-of-range points first, then voxel 0, 1, ...).
+// (sorted_points[starts[v], starts[v] + counts[v]): the voxel's run of the stable sort).
 template <typename scalar_t, typename cell_t>
 __global__ void reduce_voxels_kernel(const scalar_t* __restrict__ points, int64_t num_features,
                                      const int64_t* __restrict__ batch, CellParams<cell_t> grid,
-                                     const int64_t* __restrict__ order, const int32_t* __restrict__ ends,
-                                     const int32_t* __restrict__ counts, int64_t num_voxels, int64_t n, Reduce reduce,
+                                     const int32_t* __restrict__ sorted_points, const int32_t* __restrict__ starts,
+                                     const int32_t* __restrict__ counts, int64_t num_voxels, Reduce reduce,
                                      int coord_cols, scalar_t* __restrict__ features, int32_t* __restrict__ coords,
                                      int32_t* __restrict__ num_points) {
   using opmath_t = at::opmath_type<scalar_t>;
   const int lane = threadIdx.x % kWarp;
   const int64_t total_warps = static_cast<int64_t>(gridDim.x) * blockDim.x / kWarp;
   const int64_t F = num_features;
-  const int64_t base = n - ends[num_voxels - 1];  // the out-of-range points sorted first
   for (int64_t v = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; v < num_voxels;
        v += total_warps) {
     const int32_t count = counts[v];
-    const int64_t start = base + ends[v] - count;
+    const int64_t start = starts[v];
     for (int64_t k0 = 0; k0 < F; k0 += kWarp) {
       const int64_t k = k0 + lane;
       opmath_t acc = 0;
       for (int32_t j0 = 0; j0 < count; j0 += kWarp) {
         // Lanes load 32 member indices at once (coalesced), then broadcast them in order.
-        const int64_t mine = j0 + lane < count ? order[start + j0 + lane] : 0;
+        const int64_t mine = j0 + lane < count ? sorted_points[start + j0 + lane] : 0;
         const int m = min(kWarp, count - j0);
         for (int jj = 0; jj < m; ++jj) {
           const int64_t idx = __shfl_sync(kFullMask, mine, jj);
@@ -394,7 +353,7 @@ __global__ void reduce_voxels_kernel(const scalar_t* __restrict__ points, int64_
       if (k < F) features[v * F + k] = static_cast<scalar_t>(reduce == Reduce::kMean ? acc / static_cast<opmath_t>(count) : acc);
     }
     if (lane == 0) {
-      const int64_t first = order[start];
+      const int64_t first = sorted_points[start];
       write_coords(points + first * F, batch, first, grid, coords + v * coord_cols);
       num_points[v] = count;
     }
@@ -446,28 +405,32 @@ __global__ void max_backward_kernel(const scalar_t* __restrict__ grad, const int
   }
 }
 
-// The shared front half: hash insert, first-appearance ids, point_to_voxel and per-voxel counts.
-// Every scratch array lives in one byte allocation (`buffer`), carved at 256-byte boundaries.
+// The shared front half: hash insert, first-appearance ids, point_to_voxel, per-voxel counts, and
+// every kept voxel's points as one run of a stable sort. Every scratch array lives in one byte
+// allocation (`buffer`), carved at 256-byte boundaries.
 struct Assigned {
-  at::Tensor point_to_voxel;  // (N,) int64, an output
-  at::Tensor buffer;          // owns everything below
-  unsigned long long* keys;   // (capacity,)  | keys, first and status are contiguous:
-  unsigned int* first;        // (capacity,)  | one 0xFF memset clears them
-  int32_t* status;            // (2,) total voxels, bad batch indices - 1 (see bad_batch_count)
-  int32_t* slot_of_point;     // (N,)
-  int32_t* first_rank;        // (N,) inclusive scan of "is a first point"
-  int32_t* counts;            // (N,) the first min(V, cap) entries are the voxel counts, the rest 0
-  int32_t* cursor;            // (cap,) scratch for the CSR offsets (scan_counts)
-  int32_t* members;           // (N,) CSR members (fill_csr)
-  void* temp;                 // cub scan temp storage
+  at::Tensor point_to_voxel;     // (N,) int64, an output
+  at::Tensor buffer;             // owns everything below
+  unsigned long long* keys;      // (capacity,)  | keys, first and status are contiguous:
+  unsigned int* first;           // (capacity,)  | one 0xFF memset clears them
+  int32_t* status;               // (2,) total voxels, bad batch indices - 1 (see bad_batch_count)
+  int32_t* slot_of_point;        // (N,)
+  int32_t* first_rank;           // (N,) inclusive scan of "is a first point"
+  int32_t* counts;               // (N,) the first min(V, cap) entries are the voxel counts, the rest 0
+  int32_t* starts;               // (cap,) the first min(V, cap) entries: each voxel's run in sorted_points
+  uint32_t* sort_keys[2];        // (N,) each: the radix sort's key double buffer
+  int32_t* sort_points[2];       // (N,) each: its value double buffer
+  const int32_t* sorted_points;  // one of sort_points: point indices grouped by voxel, in input order
+  void* temp;                    // cub scan / sort temp storage
   size_t temp_bytes;
   int64_t cap;
 };
 
-// cursor = inclusive prefix sum of counts[0, cap).
-void scan_counts(const Assigned& a, cudaStream_t stream) {
-  size_t bytes = a.temp_bytes;
-  C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(a.temp, bytes, a.counts, a.cursor, static_cast<int>(a.cap), stream));
+// The radix sort's end bit: keys are in [0, cap] (cap >= 1: n >= 1 and max_voxels >= 1).
+inline int sort_key_bits(int64_t cap) {
+  int bits = 1;
+  while ((int64_t{1} << bits) <= cap) ++bits;
+  return bits;
 }
 
 Assigned assign_voxels(const at::Tensor& points, const at::Tensor& batch, const Grid& grid, int64_t cap,
@@ -475,22 +438,30 @@ Assigned assign_voxels(const at::Tensor& points, const at::Tensor& batch, const 
   const int64_t n = points.size(0), f = points.size(1);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t capacity = table_capacity(n);  // a power of two >= 64
+  const int key_bits = sort_key_bits(cap);
 
   // n <= 2^30 (check_voxelize_inputs), so the int item counts of cub cannot overflow.
-  size_t scan_ids_bytes = 0, scan_counts_bytes = 0;
+  size_t scan_ids_bytes = 0, sort_bytes = 0;
   C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_ids_bytes, is_first_iterator(nullptr, nullptr),
                                                static_cast<int32_t*>(nullptr), static_cast<int>(n), stream));
-  C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_counts_bytes, static_cast<const int32_t*>(nullptr),
-                                               static_cast<int32_t*>(nullptr), static_cast<int>(cap), stream));
-  const size_t temp_bytes = std::max<size_t>({scan_ids_bytes, scan_counts_bytes, 1});
+  {
+    cub::DoubleBuffer<uint32_t> sort_keys(nullptr, nullptr);
+    cub::DoubleBuffer<int32_t> sort_points(nullptr, nullptr);
+    C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, sort_keys, sort_points, static_cast<int>(n),
+                                                   0, key_bits, stream));
+  }
+  const size_t temp_bytes = std::max<size_t>({scan_ids_bytes, sort_bytes, 1});
   const auto align = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t table_bytes = capacity * 8 + capacity * 4 + 2 * 4;
   const int64_t off_slot = align(table_bytes);
   const int64_t off_rank = off_slot + align(n * 4);
   const int64_t off_counts = off_rank + align(n * 4);
-  const int64_t off_cursor = off_counts + align(n * 4);
-  const int64_t off_members = off_cursor + align(cap * 4);
-  const int64_t off_temp = off_members + align(n * 4);
+  const int64_t off_starts = off_counts + align(n * 4);
+  const int64_t off_keys0 = off_starts + align(cap * 4);
+  const int64_t off_keys1 = off_keys0 + align(n * 4);
+  const int64_t off_points0 = off_keys1 + align(n * 4);
+  const int64_t off_points1 = off_points0 + align(n * 4);
+  const int64_t off_temp = off_points1 + align(n * 4);
   const int64_t total_bytes = off_temp + align(static_cast<int64_t>(temp_bytes));
 
   Assigned a;
@@ -503,8 +474,11 @@ Assigned assign_voxels(const at::Tensor& points, const at::Tensor& batch, const 
   a.slot_of_point = reinterpret_cast<int32_t*>(base + off_slot);
   a.first_rank = reinterpret_cast<int32_t*>(base + off_rank);
   a.counts = reinterpret_cast<int32_t*>(base + off_counts);
-  a.cursor = reinterpret_cast<int32_t*>(base + off_cursor);
-  a.members = reinterpret_cast<int32_t*>(base + off_members);
+  a.starts = reinterpret_cast<int32_t*>(base + off_starts);
+  a.sort_keys[0] = reinterpret_cast<uint32_t*>(base + off_keys0);
+  a.sort_keys[1] = reinterpret_cast<uint32_t*>(base + off_keys1);
+  a.sort_points[0] = reinterpret_cast<int32_t*>(base + off_points0);
+  a.sort_points[1] = reinterpret_cast<int32_t*>(base + off_points1);
   a.temp = base + off_temp;
   a.temp_bytes = temp_bytes;
   a.cap = cap;
@@ -524,8 +498,18 @@ Assigned assign_voxels(const at::Tensor& points, const at::Tensor& batch, const 
   C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(a.temp, bytes, is_first_iterator(a.slot_of_point, a.first),
                                                a.first_rank, static_cast<int>(n), stream));
   assign_kernel<<<blocks, kThreads, 0, stream>>>(a.slot_of_point, a.first, a.first_rank, n, cap,
-                                                 a.point_to_voxel.mutable_data_ptr<int64_t>(), a.counts, a.status,
-                                                 num_voxels_out);
+                                                 a.point_to_voxel.mutable_data_ptr<int64_t>(), a.counts,
+                                                 a.sort_keys[0], a.sort_points[0], a.status, num_voxels_out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Stable: each voxel's points keep their input order. The double buffers' selectors are flipped
+  // on the host, so Current() names the sorted arrays as soon as the call returns.
+  cub::DoubleBuffer<uint32_t> sort_keys(a.sort_keys[0], a.sort_keys[1]);
+  cub::DoubleBuffer<int32_t> sort_points(a.sort_points[0], a.sort_points[1]);
+  bytes = a.temp_bytes;
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(a.temp, bytes, sort_keys, sort_points, static_cast<int>(n), 0,
+                                                 key_bits, stream));
+  a.sorted_points = sort_points.Current();
+  starts_kernel<<<blocks, kThreads, 0, stream>>>(sort_keys.Current(), n, static_cast<uint32_t>(cap), a.starts);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return a;
 }
@@ -562,10 +546,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t cap = std::min(max_voxels, n);
   Assigned a = assign_voxels(points, batch, grid, cap, padded ? num_voxels.mutable_data_ptr<int64_t>() : nullptr);
-  scan_counts(a, stream);
-  fill_csr_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
-      a.point_to_voxel.const_data_ptr<int64_t>(), n, a.cursor, a.members);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   int64_t rows = max_voxels;
   const int32_t* device_total = nullptr;
@@ -581,18 +561,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor num_points = at::empty({rows}, int_opts);
   at::Tensor features = at::empty({rows, f}, points.options());
   if (rows > 0) {
+    constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+    const int64_t feature_elems = rows * f, voxel_elems = rows * p * f;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, points.scalar_type(), "voxelize_gather_cuda", [&] {
       using cell_t = typename CellType<scalar_t>::type;
-      // At most one resident wave (see kGatherMinBlocks), at least one row per warp; padding rows
-      // are filled by the whole grid.
-      const int64_t gather_blocks =
-          std::max<int64_t>(1, std::min(ceil_div<int64_t>(rows, kWarpsPerBlock), cached_sm_count() * kGatherMinBlocks));
-      gather_voxels_kernel<scalar_t, cell_t><<<static_cast<unsigned int>(gather_blocks), kThreads, 0, stream>>>(
-          points.const_data_ptr<scalar_t>(), f, batch.defined() ? batch.const_data_ptr<int64_t>() : nullptr,
-          make_cell_params<cell_t>(grid), a.members, a.cursor, a.counts, device_total, cap, rows,
-          static_cast<int32_t>(p), cols, voxels.mutable_data_ptr<scalar_t>(), coords.mutable_data_ptr<int32_t>(),
-          num_points.mutable_data_ptr<int32_t>(), features.mutable_data_ptr<scalar_t>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      const scalar_t* points_ptr = points.const_data_ptr<scalar_t>();
+      const int64_t* batch_ptr = batch.defined() ? batch.const_data_ptr<int64_t>() : nullptr;
+      const auto launch_means = [&](auto index_zero) {
+        using index_t = decltype(index_zero);
+        means_kernel<scalar_t, cell_t, index_t><<<blocks_for(feature_elems, kThreads), kThreads, 0, stream>>>(
+            points_ptr, f, batch_ptr, make_cell_params<cell_t>(grid), a.sorted_points, a.starts, a.counts,
+            device_total, cap, rows, static_cast<int32_t>(p), cols, features.mutable_data_ptr<scalar_t>(),
+            coords.mutable_data_ptr<int32_t>(), num_points.mutable_data_ptr<int32_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      const auto launch_voxels = [&](auto index_zero) {
+        using index_t = decltype(index_zero);
+        voxels_kernel<scalar_t, index_t>
+            <<<blocks_for(ceil_div<int64_t>(voxel_elems, kVoxelsUnroll), kThreads), kThreads, 0, stream>>>(
+                points_ptr, f, a.sorted_points, a.starts, a.counts, device_total, cap, rows, static_cast<int32_t>(p),
+                voxels.mutable_data_ptr<scalar_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      // 32-bit element indices when the grid-stride loop cannot wrap them (stride < 2^31).
+      if (feature_elems <= kMax32) launch_means(uint32_t{0}); else launch_means(uint64_t{0});
+      if (voxel_elems <= kMax32) launch_voxels(uint32_t{0}); else launch_voxels(uint64_t{0});
     });
   }
   return {voxels, coords, num_points, features, a.point_to_voxel, num_voxels};
@@ -628,20 +621,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> voxel_features_cuda(
             at::empty({0}, points.options().dtype(at::kLong))};
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  Assigned a = assign_voxels(points, batch, grid, /*cap=*/n, nullptr);
+  Assigned a = assign_voxels(points, batch, grid, /*cap=*/n, nullptr);  // cap = n: every voxel kept
   int64_t nv = 0;
   read_status(a, stream, grid, &nv);  // V sizes the outputs
   at::Tensor features = at::empty({nv, f}, points.options());
   at::Tensor coords = at::empty({nv, cols}, int_opts);
   at::Tensor num_points = at::empty({nv}, int_opts);
   if (nv > 0) {
-    scan_counts(a, stream);  // a.cursor = the inclusive ends of the voxels in sorted order
-    const at::Tensor order = std::get<1>(at::sort(a.point_to_voxel, /*stable=*/true, /*dim=*/0, /*descending=*/false));
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, points.scalar_type(), "voxel_features_cuda", [&] {
       using cell_t = typename CellType<scalar_t>::type;
       reduce_voxels_kernel<scalar_t, cell_t><<<blocks_for(nv * kWarp, kThreads), kThreads, 0, stream>>>(
           points.const_data_ptr<scalar_t>(), f, batch.defined() ? batch.const_data_ptr<int64_t>() : nullptr,
-          make_cell_params<cell_t>(grid), order.const_data_ptr<int64_t>(), a.cursor, a.counts, nv, n, reduce, cols,
+          make_cell_params<cell_t>(grid), a.sorted_points, a.starts, a.counts, nv, reduce, cols,
           features.mutable_data_ptr<scalar_t>(), coords.mutable_data_ptr<int32_t>(),
           num_points.mutable_data_ptr<int32_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
