@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 namespace pointops {
@@ -20,9 +21,18 @@ __host__ __device__ constexpr T ceil_div(T a, T b) {
   return (a + b - 1) / b;
 }
 
+// The current device's SM count, cached per device: launchers ask on every call, and the
+// attribute query costs host time that small launches cannot spare.
 inline int multiprocessor_count() {
-  int count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, c10::cuda::current_device()));
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // static storage: zero-initialised
+  const int device = c10::cuda::current_device();
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  int count = cacheable ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (count == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    if (cacheable) cached[device].store(count, std::memory_order_relaxed);
+  }
   return count;
 }
 

@@ -58,7 +58,6 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
-#include <atomic>
 #include <limits>
 
 #include "common/cuda_utils.cuh"
@@ -78,25 +77,6 @@ constexpr int32_t kNoPoint = std::numeric_limits<int32_t>::max();
 // Output elements per thread and grid-stride step in voxels_kernel (their loads are batched).
 constexpr int kVoxelsUnroll = 4;
 
-// The SM count, cached per device (the attribute query costs host time on every launch).
-inline int64_t cached_sm_count() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> sm_count[kMaxDevices];  // static storage: zero-initialized
-  const int device = c10::cuda::current_device();
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  int sms = cacheable ? sm_count[device].load(std::memory_order_relaxed) : 0;
-  if (sms == 0) {
-    sms = multiprocessor_count();
-    if (cacheable) sm_count[device].store(sms, std::memory_order_relaxed);
-  }
-  return sms;
-}
-
-// grid_for (common/cuda_utils.cuh) with the cached SM count.
-inline unsigned int blocks_for(int64_t n, int threads) {
-  const int64_t wanted = ceil_div<int64_t>(n, threads);
-  return static_cast<unsigned int>(std::max<int64_t>(1, std::min(wanted, cached_sm_count() * 32)));
-}
 
 // status[0] = total voxel count (written by assign); status[1] counts points with a bad batch
 // index (an error for the exact ops, dropped by the padded one, which cannot raise without a
@@ -485,7 +465,7 @@ Assigned assign_voxels(const at::Tensor& points, const at::Tensor& batch, const 
 
   // keys = kEmptyKey (all-ones), first = UINT32_MAX (atomicMin start), status = all-ones.
   C10_CUDA_CHECK(cudaMemsetAsync(base, 0xFF, static_cast<size_t>(table_bytes), stream));
-  const unsigned int blocks = blocks_for(n, kThreads);
+  const unsigned int blocks = grid_for(n, kThreads);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, points.scalar_type(), "voxelize_insert_cuda", [&] {
     using cell_t = typename CellType<scalar_t>::type;
     insert_kernel<scalar_t, cell_t><<<blocks, kThreads, 0, stream>>>(
@@ -569,7 +549,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       const int64_t* batch_ptr = batch.defined() ? batch.const_data_ptr<int64_t>() : nullptr;
       const auto launch_means = [&](auto index_zero) {
         using index_t = decltype(index_zero);
-        means_kernel<scalar_t, cell_t, index_t><<<blocks_for(feature_elems, kThreads), kThreads, 0, stream>>>(
+        means_kernel<scalar_t, cell_t, index_t><<<grid_for(feature_elems, kThreads), kThreads, 0, stream>>>(
             points_ptr, f, batch_ptr, make_cell_params<cell_t>(grid), a.sorted_points, a.starts, a.counts,
             device_total, cap, rows, static_cast<int32_t>(p), cols, features.mutable_data_ptr<scalar_t>(),
             coords.mutable_data_ptr<int32_t>(), num_points.mutable_data_ptr<int32_t>());
@@ -578,7 +558,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
       const auto launch_voxels = [&](auto index_zero) {
         using index_t = decltype(index_zero);
         voxels_kernel<scalar_t, index_t>
-            <<<blocks_for(ceil_div<int64_t>(voxel_elems, kVoxelsUnroll), kThreads), kThreads, 0, stream>>>(
+            <<<grid_for(ceil_div<int64_t>(voxel_elems, kVoxelsUnroll), kThreads), kThreads, 0, stream>>>(
                 points_ptr, f, a.sorted_points, a.starts, a.counts, device_total, cap, rows, static_cast<int32_t>(p),
                 voxels.mutable_data_ptr<scalar_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -630,7 +610,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> voxel_features_cuda(
   if (nv > 0) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, points.scalar_type(), "voxel_features_cuda", [&] {
       using cell_t = typename CellType<scalar_t>::type;
-      reduce_voxels_kernel<scalar_t, cell_t><<<blocks_for(nv * kWarp, kThreads), kThreads, 0, stream>>>(
+      reduce_voxels_kernel<scalar_t, cell_t><<<grid_for(nv * kWarp, kThreads), kThreads, 0, stream>>>(
           points.const_data_ptr<scalar_t>(), f, batch.defined() ? batch.const_data_ptr<int64_t>() : nullptr,
           make_cell_params<cell_t>(grid), a.sorted_points, a.starts, a.counts, nv, reduce, cols,
           features.mutable_data_ptr<scalar_t>(), coords.mutable_data_ptr<int32_t>(),
@@ -654,7 +634,7 @@ at::Tensor voxel_features_backward_cuda(const at::Tensor& grad_features_in, cons
   at::Tensor grad_points = at::empty_like(points);
   if (n == 0) return grad_points;
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const unsigned int blocks = blocks_for(n * f, kThreads);
+  const unsigned int blocks = grid_for(n * f, kThreads);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, points.scalar_type(), "voxel_features_backward_cuda", [&] {
     if (reduce != Reduce::kMax) {
       sum_mean_backward_kernel<scalar_t><<<blocks, kThreads, 0, stream>>>(
