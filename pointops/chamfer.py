@@ -133,6 +133,11 @@ def _sqrt_zero_grad_at_zero(d: Tensor) -> Tensor:
     return torch.where(positive, torch.where(positive, d, torch.ones_like(d)).sqrt(), d)
 
 
+def _valid_mask(lengths: Tensor, n: int) -> Tensor:
+    """(B, n) True where a point index is below its cloud's length (not padding)."""
+    return torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
+
+
 def _reduce_points(dist: Tensor, lengths: Optional[Tensor], reduction: str) -> Tensor:
     """Per-cloud reduction over valid points. Padded entries of dist are 0 already.
     An empty cloud contributes 0 to "mean", "sum" and "max" (never 0/0)."""
@@ -145,8 +150,7 @@ def _reduce_points(dist: Tensor, lengths: Optional[Tensor], reduction: str) -> T
         return dist.mean(1) if reduction == "mean" else dist.amax(1)
     if reduction == "mean":
         return dist.sum(1) / lengths.clamp(min=1).to(dist.dtype)
-    valid = torch.arange(N, device=dist.device)[None, :] < lengths[:, None]
-    masked = dist.masked_fill(~valid, float("-inf"))
+    masked = dist.masked_fill(~_valid_mask(lengths, N), float("-inf"))
     return torch.where(lengths > 0, masked.amax(1) if N > 0 else dist.new_zeros(B), dist.new_zeros(B))
 
 
@@ -235,8 +239,7 @@ def fscore(dist1: Tensor, dist2: Tensor, threshold: float = 1e-3, x_lengths: Opt
         B, N = dist.shape
         if lengths is None:
             lengths = torch.full((B,), N, dtype=torch.int64, device=dist.device)
-        valid = torch.arange(N, device=dist.device)[None, :] < lengths[:, None]
-        hits = ((dist < threshold) & valid).sum(1).to(torch.float32)
+        hits = ((dist < threshold) & _valid_mask(lengths, N)).sum(1).to(torch.float32)
         return hits / lengths.clamp(min=1).to(torch.float32)
 
     precision = fraction(dist1, x_lengths)
