@@ -345,6 +345,23 @@ VoxelFeatureNames = ("features", "coords", "num_points", "point_to_voxel")
 
 
 @requires_cuda
+@pytest.mark.parametrize("max_points", [1, 7, 64, 5000])
+def test_cuda_crowded_voxels_match_cpu(max_points):
+    # 120k points in 4 voxels, in shuffled order: thousands of points race down each voxel's list of
+    # first points at once (and the list of P = 5000 is searched, not scanned). The CPU's in-order
+    # loop is the reference for which points each voxel keeps and their order.
+    g = torch.Generator().manual_seed(5)
+    centers = torch.tensor([[0.1, 0.1, 0.1], [2.1, 0.1, 0.1], [0.1, 2.1, 0.1], [3.1, 3.1, 3.1]])
+    points = centers[torch.randint(0, 4, (120_000,), generator=g)] + torch.rand(120_000, 3, generator=g) * 0.35
+    points = torch.cat([points, torch.rand(120_000, 1, generator=g)], 1)
+    cpu = voxelize(points, VOXEL, RANGE, max_points, 10)
+    for _ in range(3):
+        gpu = voxelize(points.cuda(), VOXEL, RANGE, max_points, 10)
+        for name in ("voxels", "coords", "num_points", "features", "point_to_voxel"):
+            assert torch.equal(getattr(gpu, name).cpu(), getattr(cpu, name)), name
+
+
+@requires_cuda
 def test_cuda_real_scan_matches_cpu(shared_data):
     points = load_scan(shared_data, "ff9eff4389a740848f9a56ad749a4ae8.bin")
     cpu = voxelize(points, [0.075, 0.075, 0.2], LIDAR_RANGE, 10, 160_000)

@@ -1,66 +1,51 @@
 // Voxelization on CUDA: an open-addressing hash table of cell keys, then first-appearance order.
 //
 // Pipeline (one thread per point unless noted; every buffer lives on the current stream, and all
-// the scratch of one call is carved from a single byte allocation):
-//   memset        keys = all-ones (empty), first = UINT32_MAX, status = all-ones  (one memset)
-//   insert        key of the point's cell -> atomicCAS insert with linear probing (bounded by the
-//                 capacity), atomicMin(first[slot], i): the voxel's first point; zeroes counts[i]
-//   scan          (cub) voxel id of a first point = number of first points up to it, the flag
-//                 "i is the first point of its voxel" computed on the fly by the scan's input
-//                 iterator: ids in order of first appearance, independent of the atomics' order
-//   assign        point_to_voxel[i], per-voxel point counts (integer atomics: order-independent),
-//                 the sort pairs (key = voxel id, or cap for a dropped point; value = i)
-//   sort          (cub) stable radix sort of the pairs on the bits of [0, cap]: every voxel's
-//                 points become a contiguous run in input order (voxel 0 first, dropped points
-//                 last), so nothing downstream has to rank or select
-//   starts        starts[v] = the position of voxel v's run (where the sorted key changes)
+// the scratch of one call is carved from a single byte allocation). Each step is one launch: the
+// whole nuScenes call is short enough that host-side launch and dispatch work decides its wall time.
+//   memset   the table (key = all-ones: empty; first = UINT32_MAX; count = -1), the per-voxel
+//            lists of first points (empty), the scan's tile states and counter, status: one 0xFF
+//            memset
+//   insert   key of the point's cell -> atomicCAS insert with linear probing (bounded by the
+//            capacity); atomicMin(first, i): the voxel's first point; atomicAdd(count, 1)
+//   number   one scan (decoupled look-back, common/lookback_scan.cuh) over the points of the pair
+//            (is the first point of its voxel, that voxel's count): at a voxel's first point, the
+//            exclusive prefix is (voxel id, start of the voxel's run in sorted order). Ids come out
+//            in order of first appearance, whatever order the atomics ran in.
+//   assign   point_to_voxel, and the point offers its index to its voxel's list of P first points:
+//            atomicMin down the list (see assign_kernel), which leaves the P smallest indices in
+//            order however the atomics interleave
 //   -- voxelize: one host sync to learn V (none in voxelize_padded) --
-//   means         one thread per (voxel, column): sums the voxel's first min(count, P) points in
-//                 input order in opmath_t and divides once (bit-identical to the CPU loop); the
-//                 column-0 thread writes coords (from the voxel's first point) and num_points.
-//                 Padding rows (padded op): zeros, coords -1, num_points 0
-//   voxels        one thread per output element (v, r, k), consecutive threads on consecutive
-//                 elements: the r-th sorted point's column k, or 0 (r >= kept, padding rows)
-// voxel_features shares everything up to starts and reduces every point of a voxel in input
-// order, one warp per voxel, one lane per feature column.
+//   outputs  one launch, two block ranges: features/coords/num_points, one thread per (voxel,
+//            column), summing the voxel's first min(count, P) points in input order in opmath_t
+//            and dividing once (bit-identical to the CPU loop); voxels, one thread per output
+//            element (v, r, k): the r-th kept point's column k, or 0. Padding rows (padded op):
+//            zeros, coords -1, num_points 0.
+// voxel_features keeps every point of every voxel, so its "lists" would be as long as the largest
+// voxel; it sorts (voxel id, point) pairs with cub's stable radix sort instead, which puts voxel
+// v's points at runs[v].start in input order, and reduces each run with one warp.
 //
-// Cost on an H100 (torch.profiler; nuScenes scan: 271,156 points, F = 5 float32, voxel
-// 0.075 x 0.075 x 0.2, P = 10, max_voxels 160,000 -> 105,086 voxels, 217,374 kept points, 2,026
-// voxels with > 10 points, the largest 1,051), per call:
-//   before (commit b685e58): GPU ~130 us = gather 79 + is-first scan 13 + insert 13 + fill_csr 6
-//     + assign 6 + memset 4.4 + counts scan 3.5 + scan init 2 + DtoH 1.6. Whole call 0.174 ms
-//     (padded 0.161 ms). The gather (a persistent one-wave grid, each warp walking ~33 voxels, each
-//     voxel a chain of dependent loads: counts/starts -> unordered CSR members -> rank/select ->
-//     rows) was latency-bound at ~2.4 us per voxel per warp.
-//   expected now (NOT yet measured; compare against the above):
-//     sort ~12-18 us: 19 key bits (cap = 271,156 < 2^19) = 3 onesweep passes of 8 bits, each
-//       reading and writing 271k x 8 B (~4.3 MB, L2-resident), plus cub's histogram and
-//       exclusive-sum kernels and 5 small memsets (10 operations: ~1 us of GPU each for the
-//       memsets, ~3-4 us per pass).
-//     starts ~2-3 us (reads 1 MB of sorted keys, writes 0.4 MB), replacing fill_csr 6 + the
-//       counts scan 3.5 + its init 2.
-//     voxels ~8-12 us: writes V x P x F x 4 B = 21 MB (~8 us at ~2.5 TB/s) and reads 217k point
-//       rows (L2-resident); each thread handles 4 elements with their 3 dependent loads (count and
-//       start -> sorted point -> value) batched, so each warp has 4 chains in flight.
-//     means ~3-5 us: 525k threads, each summing <= P values of one column (L1/L2 hits).
-//     Unchanged: insert 13, is-first scan 13 + init 2, assign ~6-7 (+ 2 MB of sort pairs written),
-//     memset 4.4. GPU ~75-85 us. Host: the sort adds ~10 launches before the sync, where they
-//     overlap the GPU; after the sync 2 launches (was 1). Whole call expected ~0.11-0.13 ms.
+// Cost on an H100 (nuScenes scan: 271,156 points, F = 5 float32, voxel 0.075 x 0.075 x 0.2, P =
+// 10, max_voxels 160,000 -> 105,086 voxels, 217,374 kept points, the largest voxel 1,147 points):
+// see benchmarks/RESULTS.md and scripts/debug/profile_voxelize.py. The previous pipeline (cub
+// scan + onesweep radix sort, ~14 host operations) took 117 us of GPU and 0.17-0.19 ms of wall
+// time per call, the difference being host-side launch and dispatch work. A rank-by-counting
+// step in place of the atomic lists took 38 us on its own: the big voxels' points are adjacent in
+// the input, so whole warps waited on threads scanning long runs.
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_scan.cuh>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
 
 #include <limits>
 
 #include "common/cuda_utils.cuh"
+#include "common/lookback_scan.cuh"
 #include "voxelize/voxelize.h"
 
 namespace pointops {
@@ -70,41 +55,79 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
-// Keys are >= 0, so all-ones (the int64 -1) never collides with a real key; the table is cleared
-// with a 0xFF memset.
-constexpr unsigned long long kEmptyKey = ~0ull;
-constexpr int32_t kNoPoint = std::numeric_limits<int32_t>::max();
-// Output elements per thread and grid-stride step in voxels_kernel (their loads are batched).
+// The number kernel's tile: kThreads threads x kScanItems consecutive points.
+constexpr int kScanItems = 4;
+constexpr int64_t kScanTile = kThreads * kScanItems;
+// Output elements per thread and grid-stride step in the voxels part (their loads are batched).
 constexpr int kVoxelsUnroll = 4;
+constexpr int32_t kNoPoint = std::numeric_limits<int32_t>::max();
 
+// Division by a divisor fixed for the whole launch: a multiply-high and a shift for 32-bit
+// indices (the outputs kernel divides every element index twice), plain division for 64-bit.
+template <typename index_t>
+using Divider = at::cuda::detail::IntDivider<index_t>;
 
-// status[0] = total voxel count (written by assign); status[1] counts points with a bad batch
-// index (an error for the exact ops, dropped by the padded one, which cannot raise without a
-// sync). Both start as all-ones (the table memset covers them), so status[1] holds count - 1.
+// One hash table slot: the fields every point of a voxel touches share a 16-byte line segment.
+// All-ones is the cleared state: key = empty (keys are >= 0, so the int64 -1 never collides),
+// first = UINT32_MAX (the atomicMin start), count_minus_one = -1 (count 0).
+struct alignas(16) Slot {
+  unsigned long long key;
+  unsigned int first;
+  int32_t count_minus_one;
+};
+constexpr unsigned long long kEmptyKey = ~0ull;
+// An empty place in a voxel's list of first points (point indices are < 2^30).
+constexpr unsigned int kEmptyIndex = ~0u;
+
+// status[0] = total voxel count (written by the number kernel); status[1] counts points with a
+// bad batch index (an error for the exact ops, dropped by the padded one, which cannot raise
+// without a sync). Both start as all-ones (the memset), so status[1] holds count - 1.
 inline int64_t bad_batch_count(int32_t raw_status1) { return static_cast<int64_t>(raw_status1) + 1; }
 
+// Grid-stride loops whose every warp runs the same number of iterations (the bound is rounded up
+// to whole warps; the stride is a multiple of 32), so warp-wide intrinsics can use the full mask.
+// Lanes past n carry valid = false. Within a warp, lanes hold consecutive point indices: the
+// lowest lane of a group of peers holds the group's first point.
+#define POINTOPS_FOR_EACH_POINT_BY_WARPS(i, n)                                                              \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,                            \
+               i##_end = ceil_div<int64_t>(n, kWarp) * kWarp,                                               \
+               i##_stride = static_cast<int64_t>(gridDim.x) * blockDim.x;                                   \
+       i < i##_end; i += i##_stride)
+
+// Lanes of the warp below this one (the peers a lane comes after, in input order).
+__device__ __forceinline__ unsigned lanes_below() { return (1u << (threadIdx.x % kWarp)) - 1u; }
+
+// Lanes of a warp whose points share a cell go through the table once: the group's lowest lane
+// probes and inserts, offers its index as the voxel's first point (the smallest index of the
+// group) and adds the group's size to the count. LiDAR scans list neighbouring returns next to
+// each other, so dense voxels are touched once per warp instead of once per point.
 template <typename scalar_t, typename cell_t>
 __global__ void insert_kernel(const scalar_t* __restrict__ points, int64_t num_features,
                               const int64_t* __restrict__ batch, int64_t n, CellParams<cell_t> grid,
-                              unsigned long long* __restrict__ keys, unsigned int* __restrict__ first,
-                              uint64_t mask, int32_t* __restrict__ slot_of_point, int32_t* __restrict__ counts,
+                              Slot* __restrict__ table, uint64_t mask, int32_t* __restrict__ slot_of_point,
                               int32_t* __restrict__ status) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t key = point_key<scalar_t, cell_t>(points + i * num_features, batch ? batch[i] : 0, grid);
+  POINTOPS_FOR_EACH_POINT_BY_WARPS(i, n) {
+    const bool valid = i < n;
+    const int64_t key =
+        valid ? point_key<scalar_t, cell_t>(points + i * num_features, batch ? batch[i] : 0, grid) : kOutOfRange;
+    const unsigned peers = __match_any_sync(kFullMask, static_cast<unsigned long long>(key));
+    const int leader = __ffs(peers) - 1;
     int32_t slot = -1;
-    if (key >= 0) {
+    if (key >= 0 && threadIdx.x % kWarp == leader) {
       uint64_t h = fmix64(static_cast<uint64_t>(key)) & mask;
       // At most N distinct keys in a table of >= 2N slots: an empty slot or the key is always found;
       // the bound only makes "can never loop forever" true by construction.
       for (uint64_t probe = 0; probe <= mask; ++probe) {
-        unsigned long long current = keys[h];
-        if (current == kEmptyKey) current = atomicCAS(&keys[h], kEmptyKey, static_cast<unsigned long long>(key));
+        const Slot seen = table[h];  // key and first in one 16-byte load
+        unsigned long long current = seen.key;
+        if (current == kEmptyKey) current = atomicCAS(&table[h].key, kEmptyKey, static_cast<unsigned long long>(key));
         if (current == kEmptyKey || current == static_cast<unsigned long long>(key)) {
-          // first[h] only ever decreases, so any value read here is >= the final minimum: when it
-          // is already below i, i cannot be the first point and the atomic can be skipped.
+          // first only ever decreases, so any value read is >= the final minimum: when it is
+          // already below i, i cannot be the first point and the atomic can be skipped. Neither
+          // atomic's result is used, so both are issued without waiting.
           const unsigned int me = static_cast<unsigned int>(i);
-          if (first[h] > me) atomicMin(&first[h], me);
+          if (seen.first > me) atomicMin(&table[h].first, me);
+          atomicAdd(&table[h].count_minus_one, __popc(peers));
           slot = static_cast<int32_t>(h);
           break;
         }
@@ -113,63 +136,145 @@ __global__ void insert_kernel(const scalar_t* __restrict__ points, int64_t num_f
     } else if (key == kBadBatch) {
       atomicAdd(&status[1], 1);
     }
-    slot_of_point[i] = slot;
-    counts[i] = 0;  // per-voxel counts (sized N >= V) that assign accumulates into
+    slot = __shfl_sync(kFullMask, slot, leader);
+    if (valid) slot_of_point[i] = slot;
   }
 }
 
-// The scan's input: 1 when point i is the first point of its voxel (replaces a mark_first pass).
-struct IsFirstPoint {
-  const int32_t* slot_of_point;
-  const unsigned int* first;
-  __host__ __device__ int32_t operator()(int32_t i) const {
-    const int32_t slot = slot_of_point[i];
-    return slot >= 0 && first[slot] == static_cast<unsigned int>(i) ? 1 : 0;
-  }
+// Per kept voxel (id < cap): its point count, and where its run starts in the sorted points of
+// voxel_features (the sum of the counts of voxels 0 .. id - 1).
+struct VoxelRun {
+  int32_t start;
+  int32_t count;
 };
-using IsFirstIterator = thrust::transform_iterator<IsFirstPoint, thrust::counting_iterator<int32_t>>;
 
-inline IsFirstIterator is_first_iterator(const int32_t* slot_of_point, const unsigned int* first) {
-  return IsFirstIterator(thrust::counting_iterator<int32_t>(0), IsFirstPoint{slot_of_point, first});
-}
-
-// voxel id = (inclusive count of first points up to the voxel's first point) - 1. Voxels with an
-// id >= cap are dropped (-1). status[0] = total voxel count; num_voxels (padded op) = min(total, cap).
-// The sort pairs: key = the voxel id, or cap (above every kept id) for a point without one; value = i.
-__global__ void assign_kernel(const int32_t* __restrict__ slot_of_point, const unsigned int* __restrict__ first,
-                              const int32_t* __restrict__ first_rank, int64_t n, int64_t cap,
-                              int64_t* __restrict__ point_to_voxel, int32_t* __restrict__ counts,
-                              uint32_t* __restrict__ sort_keys, int32_t* __restrict__ sort_points,
-                              int32_t* __restrict__ status, int64_t* __restrict__ num_voxels) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int32_t slot = slot_of_point[i];
-    int64_t voxel = -1;
-    if (slot >= 0) {
-      const int64_t id = first_rank[first[slot]] - 1;
-      if (id < cap) {
-        voxel = id;
-        atomicAdd(&counts[id], 1);
+// One block per tile of kScanTile points. The scanned pair per point is (1, count of its voxel) at
+// a voxel's first point and (0, 0) elsewhere, so at a first point the exclusive prefix is (voxel
+// id, run start): ids in order of first appearance, runs laid out in id order. A kept voxel's
+// first point also fills slot 0 of its list (voxelize). The last tile writes the voxel total
+// (status[0]; *num_voxels = min(total, cap) for the padded op).
+__global__ void __launch_bounds__(kThreads) number_voxels_kernel(
+    const int32_t* __restrict__ slot_of_point, const Slot* __restrict__ table, int64_t n, int64_t cap,
+    uint32_t* __restrict__ tile_counter, uint64_t* __restrict__ tile_states, int32_t* __restrict__ voxel_of_slot,
+    VoxelRun* __restrict__ runs, unsigned int* __restrict__ first_points, int32_t max_points,
+    int32_t* __restrict__ status, int64_t* __restrict__ num_voxels) {
+  __shared__ LookbackScanStorage<kThreads> storage;
+  const uint32_t tile = claim_tile<kThreads>(tile_counter, storage);
+  const int64_t base = static_cast<int64_t>(tile) * kScanTile + static_cast<int64_t>(threadIdx.x) * kScanItems;
+  int32_t slot[kScanItems];
+  if (base + kScanItems <= n) {
+    const int4 four = *reinterpret_cast<const int4*>(slot_of_point + base);  // base is a multiple of 4
+    slot[0] = four.x, slot[1] = four.y, slot[2] = four.z, slot[3] = four.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kScanItems; ++k) slot[k] = base + k < n ? slot_of_point[base + k] : -1;
+  }
+  uint64_t item[kScanItems];
+  uint64_t thread_sum = 0;
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) {
+    item[k] = 0;
+    if (slot[k] >= 0) {
+      const Slot s = table[slot[k]];
+      if (s.first == static_cast<unsigned int>(base + k)) {
+        item[k] = (uint64_t{1} << 32) | static_cast<uint32_t>(s.count_minus_one + 1);
       }
     }
-    point_to_voxel[i] = voxel;
-    sort_keys[i] = static_cast<uint32_t>(voxel >= 0 ? voxel : cap);  // cap <= n <= 2^30
-    sort_points[i] = static_cast<int32_t>(i);
-    if (i == n - 1) {
-      status[0] = first_rank[n - 1];
-      if (num_voxels) *num_voxels = std::min<int64_t>(first_rank[n - 1], cap);
+    thread_sum += item[k];
+  }
+  uint64_t block_total;
+  const uint64_t before_thread = block_exclusive_scan<kThreads>(thread_sum, storage, &block_total);
+  const uint64_t before_tile = tile_exclusive_prefix<kThreads>(tile_states, tile, block_total, storage);
+  uint64_t prefix = before_tile + before_thread;
+#pragma unroll
+  for (int k = 0; k < kScanItems; ++k) {
+    if (item[k] != 0) {
+      const int32_t id = static_cast<int32_t>(prefix >> 32), start = static_cast<int32_t>(prefix & 0xffffffffu);
+      voxel_of_slot[slot[k]] = id;
+      if (id < cap) {
+        runs[id] = VoxelRun{start, static_cast<int32_t>(item[k] & 0xffffffffu)};
+        // Slot 0 of the voxel's list of first points is its first point (see assign_kernel).
+        if (first_points) first_points[static_cast<int64_t>(id) * max_points] = static_cast<unsigned int>(base + k);
+      }
     }
+    prefix += item[k];
+  }
+  if (threadIdx.x == 0 && static_cast<int64_t>(tile) == (n - 1) / kScanTile) {
+    const int64_t total = static_cast<int64_t>((before_tile + block_total) >> 32);
+    status[0] = static_cast<int32_t>(total);
+    if (num_voxels) *num_voxels = std::min<int64_t>(total, cap);
   }
 }
 
-// starts[v] = the first position of key v in the sorted keys, for every kept voxel v (each has at
-// least its first point). Dropped points (key cap) sort after every kept voxel and write nothing.
-__global__ void starts_kernel(const uint32_t* __restrict__ sorted_keys, int64_t n, uint32_t cap,
-                              int32_t* __restrict__ starts) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const uint32_t key = sorted_keys[i];
-    if (key < cap && (i == 0 || sorted_keys[i - 1] != key)) starts[key] = static_cast<int32_t>(i);
+// point_to_voxel[i]: the voxel id, or -1 (out of range, or a voxel numbered >= cap). Then either
+// (voxelize) the point offers itself to its voxel's list of first points, or (voxel_features) it
+// becomes a (voxel id, i) pair for the stable sort (a point without a voxel gets the key cap,
+// above every id, and sorts last).
+//
+// The list of voxel v is first_points[v * P, v * P + P), all-ones (empty) at the start, except
+// slot 0: the number kernel already wrote the voxel's first point there (the smallest index, which
+// every other point would pass on unchanged), so the first point does nothing here and the others
+// start at slot 1. Slot k keeps the atomicMin of every index offered to it, and the index a slot gives up (the larger of
+// the two) moves on to slot k + 1; an index that reaches an empty slot, or passes slot P - 1,
+// stops. So slot 0 ends with the smallest index of the voxel, slot 1 with the smallest of the
+// rest, and so on: the list holds the voxel's first min(count, P) points in input order, whatever
+// order the atomics ran in. Slots only ever decrease and the list is sorted at every moment, so a
+// slot read (even stale: >= its true value) at <= i would only pass i on unchanged: a point of a
+// voxel with more than P points starts at the first slot read above i, and skips the list
+// entirely when its last slot already is <= i or when P earlier points of its voxel sit in its
+// own warp.
+__global__ void assign_kernel(const int32_t* __restrict__ slot_of_point, const Slot* __restrict__ table,
+                              const int32_t* __restrict__ voxel_of_slot,
+                              int64_t n, int64_t cap, int32_t max_points, int64_t* __restrict__ point_to_voxel,
+                              unsigned int* first_points, uint32_t* __restrict__ sort_keys,
+                              int32_t* __restrict__ sort_points) {
+  POINTOPS_FOR_EACH_POINT_BY_WARPS(i, n) {
+    const bool valid = i < n;
+    const int32_t slot = valid ? slot_of_point[i] : -1;
+    int64_t voxel = -1;
+    int32_t count = 0;
+    unsigned int first = 0;
+    if (slot >= 0) {
+      const int32_t id = voxel_of_slot[slot];
+      const Slot entry = table[slot];  // loaded alongside the id
+      count = entry.count_minus_one + 1;
+      first = entry.first;
+      if (id < cap) voxel = id;
+    }
+    // A point with P earlier peers in its own warp cannot be among its voxel's first P points.
+    const unsigned peers = __match_any_sync(kFullMask, static_cast<unsigned long long>(voxel));
+    const bool may_be_kept = __popc(peers & lanes_below()) < max_points;
+    if (!valid) continue;
+    point_to_voxel[i] = voxel;
+    if (first_points && voxel >= 0 && may_be_kept && static_cast<unsigned int>(i) != first) {
+      volatile unsigned int* list = first_points + voxel * max_points;
+      unsigned int offered = static_cast<unsigned int>(i);
+      int32_t k = 1;
+      // A voxel of at most P points keeps them all: the walk starts at slot 1 without reading the
+      // list first (most voxels; each read is a round trip to L2). In a larger voxel the point
+      // skips the list when its last slot is already <= i, else starts at the first slot above i
+      // (binary search: the list is sorted).
+      if (count > max_points) {
+        k = max_points;
+        if (list[max_points - 1] > offered) {
+          int32_t last = max_points - 1;
+          k = 1;
+          while (k < last) {
+            const int32_t mid = k + (last - k) / 2;
+            if (list[mid] <= offered) k = mid + 1; else last = mid;
+          }
+        }
+      }
+      for (; k < max_points; ++k) {
+        const unsigned int held = atomicMin(const_cast<unsigned int*>(list + k), offered);
+        if (held == kEmptyIndex) break;
+        offered = max(offered, held);
+      }
+    }
+    if (sort_keys) {
+      sort_keys[i] = static_cast<uint32_t>(voxel >= 0 ? voxel : cap);  // cap <= n <= 2^30
+      sort_points[i] = static_cast<int32_t>(i);
+    }
   }
 }
 
@@ -190,30 +295,29 @@ __device__ __forceinline__ int64_t real_rows(const int32_t* device_total, int64_
   return device_total ? std::min<int64_t>(*device_total, cap) : rows;
 }
 
-// One thread per (row v, column k) of features; the k == 0 thread also writes coords[v] and
-// num_points[v]. Real rows: the voxel's kept points are sorted_points[start, start + kept), in
-// input order; column k is summed over them in that order in opmath_t and divided once by kept
+// features/coords/num_points, one thread per (row v, column k); the k == 0 thread also writes
+// coords[v] and num_points[v]. Real rows: the voxel's kept points are first_points[v * P, v * P +
+// kept), in input order; column k is summed over them in that order in opmath_t and divided once by kept
 // (the CPU's loop, bit for bit). Padding rows: 0, coords -1, num_points 0.
-// index_t: uint32_t when rows * F <= INT32_MAX (cheaper divisions), else uint64_t.
 template <typename scalar_t, typename cell_t, typename index_t>
-__global__ void means_kernel(const scalar_t* __restrict__ points, int64_t num_features,
-                             const int64_t* __restrict__ batch, CellParams<cell_t> grid,
-                             const int32_t* __restrict__ sorted_points, const int32_t* __restrict__ starts,
-                             const int32_t* __restrict__ counts, const int32_t* __restrict__ device_total,
-                             int64_t cap, int64_t rows, int32_t max_points, int coord_cols,
-                             scalar_t* __restrict__ features, int32_t* __restrict__ coords,
-                             int32_t* __restrict__ num_points) {
+__device__ __forceinline__ void write_features(const scalar_t* __restrict__ points, int64_t num_features,
+                                               const int64_t* __restrict__ batch, const CellParams<cell_t>& grid,
+                                               const unsigned int* __restrict__ first_points,
+                                               const VoxelRun* __restrict__ runs, index_t real, index_t rows,
+                                               int32_t max_points, int coord_cols,
+                                               Divider<index_t> by_f, index_t first_thread, index_t num_threads,
+                                               scalar_t* __restrict__ features, int32_t* __restrict__ coords,
+                                               int32_t* __restrict__ num_points) {
   using opmath_t = at::opmath_type<scalar_t>;
   const int64_t F = num_features;
   const index_t f = static_cast<index_t>(num_features);
-  const index_t real = static_cast<index_t>(real_rows(device_total, cap, rows));
-  const index_t total = static_cast<index_t>(rows) * f;
-  const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x;
-  for (index_t e = static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
-    const index_t v = e / f, k = e - v * f;
+  const index_t total = rows * f;
+  for (index_t e = first_thread; e < total; e += num_threads) {
+    const auto vk = by_f.divmod(e);
+    const index_t v = vk.div, k = vk.mod;
     if (v < real) {
-      const int32_t kept = min(counts[v], max_points);  // >= 1: the first point is counted
-      const int32_t* __restrict__ members = sorted_points + starts[v];
+      const int32_t kept = min(runs[v].count, max_points);  // >= 1: the first point is counted
+      const unsigned int* __restrict__ members = first_points + static_cast<int64_t>(v) * max_points;
       opmath_t sum = 0;
       int32_t q = 0;
       // Four rows' loads issued together, added strictly in order.
@@ -245,46 +349,44 @@ __global__ void means_kernel(const scalar_t* __restrict__ points, int64_t num_fe
   }
 }
 
-// One thread per element e = (v, r, k) of voxels (rows x P x F), kVoxelsUnroll elements per
-// thread and step (blockDim.x apart: every one of them coalesced across the warp), their loads
-// batched in three rounds: count and start of v -> sorted point -> value. The value is the r-th
-// kept point's column k, or 0 for r >= kept and for padding rows.
-// index_t: uint32_t when rows * P * F <= INT32_MAX, else uint64_t.
+// voxels, one thread per element e = (v, r, k) of (rows x P x F), kVoxelsUnroll elements per
+// thread and step (blockDim.x apart: each of them coalesced across the warp), their loads
+// batched in three rounds: count of v and its r-th first point -> value. The value is the r-th kept point's
+// column k, or 0 for r >= kept and for padding rows.
 template <typename scalar_t, typename index_t>
-__global__ void voxels_kernel(const scalar_t* __restrict__ points, int64_t num_features,
-                              const int32_t* __restrict__ sorted_points, const int32_t* __restrict__ starts,
-                              const int32_t* __restrict__ counts, const int32_t* __restrict__ device_total,
-                              int64_t cap, int64_t rows, int32_t max_points, scalar_t* __restrict__ voxels) {
+__device__ __forceinline__ void write_voxels(const scalar_t* __restrict__ points, int64_t num_features,
+                                             const unsigned int* __restrict__ first_points,
+                                             const VoxelRun* __restrict__ runs, index_t real, index_t rows,
+                                             int32_t max_points, Divider<index_t> by_f, Divider<index_t> by_row,
+                                             index_t first_thread, index_t num_threads,
+                                             scalar_t* __restrict__ voxels) {
   const int64_t F = num_features;
   const index_t f = static_cast<index_t>(num_features);
   const index_t row_elems = static_cast<index_t>(max_points) * f;
-  const index_t total = static_cast<index_t>(rows) * row_elems;
-  const index_t real_elems = static_cast<index_t>(real_rows(device_total, cap, rows)) * row_elems;
-  const index_t stride = static_cast<index_t>(gridDim.x) * blockDim.x * kVoxelsUnroll;
-  for (index_t base = static_cast<index_t>(blockIdx.x) * blockDim.x * kVoxelsUnroll + threadIdx.x; base < total;
-       base += stride) {
-    index_t rank[kVoxelsUnroll], col[kVoxelsUnroll];
-    int32_t kept[kVoxelsUnroll], start[kVoxelsUnroll];
+  const index_t total = rows * row_elems;
+  const index_t real_elems = real * row_elems;
+  for (index_t base = first_thread; base < total; base += num_threads * kVoxelsUnroll) {
+    index_t col[kVoxelsUnroll];
+    bool kept[kVoxelsUnroll];
+    unsigned int candidate[kVoxelsUnroll];
 #pragma unroll
     for (int j = 0; j < kVoxelsUnroll; ++j) {
       const index_t e = base + static_cast<index_t>(j) * blockDim.x;
-      rank[j] = 0;
       col[j] = 0;
-      kept[j] = 0;  // padding rows and elements past the end: nothing kept
-      start[j] = 0;
+      kept[j] = false;  // padding rows and elements past the end: nothing kept
+      candidate[j] = 0;
       if (e < real_elems) {
-        const index_t v = e / row_elems, rem = e - v * row_elems;
-        rank[j] = rem / f;
-        col[j] = rem - rank[j] * f;
-        kept[j] = min(counts[v], max_points);
-        start[j] = starts[v];
+        const auto v_rem = by_row.divmod(e);
+        const auto rank_col = by_f.divmod(v_rem.mod);
+        const index_t v = v_rem.div, rank = rank_col.div;
+        col[j] = rank_col.mod;
+        kept[j] = rank < static_cast<index_t>(runs[v].count);  // the list is full up to the count (or P)
+        candidate[j] = first_points[static_cast<int64_t>(v) * max_points + rank];
       }
     }
     int64_t point[kVoxelsUnroll];
 #pragma unroll
-    for (int j = 0; j < kVoxelsUnroll; ++j) {
-      point[j] = rank[j] < static_cast<index_t>(kept[j]) ? sorted_points[static_cast<int64_t>(start[j]) + rank[j]] : -1;
-    }
+    for (int j = 0; j < kVoxelsUnroll; ++j) point[j] = kept[j] ? static_cast<int64_t>(candidate[j]) : -1;
     scalar_t value[kVoxelsUnroll];
 #pragma unroll
     for (int j = 0; j < kVoxelsUnroll; ++j) {
@@ -298,13 +400,41 @@ __global__ void voxels_kernel(const scalar_t* __restrict__ points, int64_t num_f
   }
 }
 
+// Both outputs in one launch (one host launch fewer after the sync): blocks [0, feature_blocks)
+// write features/coords/num_points, the rest write voxels. `real` rows hold voxels: `rows` for
+// the exact op, min(status[0], cap) read on the device for the padded one.
+// index_t: uint32_t when rows * P * F (the larger part) is below 2^30, else uint64_t; by_f and
+// by_row divide by F and by P * F.
+template <typename scalar_t, typename cell_t, typename index_t>
+__global__ void voxel_outputs_kernel(const scalar_t* __restrict__ points, int64_t num_features,
+                                     const int64_t* __restrict__ batch, CellParams<cell_t> grid,
+                                     const unsigned int* __restrict__ first_points,
+                                     const VoxelRun* __restrict__ runs, const int32_t* __restrict__ device_total,
+                                     int64_t cap, int64_t rows,
+                                     int32_t max_points, int coord_cols, Divider<index_t> by_f,
+                                     Divider<index_t> by_row, unsigned int feature_blocks,
+                                     scalar_t* __restrict__ features, int32_t* __restrict__ coords,
+                                     int32_t* __restrict__ num_points, scalar_t* __restrict__ voxels) {
+  const index_t real = static_cast<index_t>(real_rows(device_total, cap, rows));
+  if (blockIdx.x < feature_blocks) {
+    write_features<scalar_t, cell_t, index_t>(
+        points, num_features, batch, grid, first_points, runs, real, static_cast<index_t>(rows), max_points, coord_cols,
+        by_f, static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x, static_cast<index_t>(feature_blocks) * blockDim.x,
+        features, coords, num_points);
+  } else {
+    const index_t block = blockIdx.x - feature_blocks, blocks = gridDim.x - feature_blocks;
+    write_voxels<scalar_t, index_t>(points, num_features, first_points, runs, real, static_cast<index_t>(rows), max_points,
+                                    by_f, by_row, block * blockDim.x * kVoxelsUnroll + threadIdx.x, blocks * blockDim.x, voxels);
+  }
+}
+
 // One warp per voxel; lane k reduces feature column k over the voxel's points in input order
-// (sorted_points[starts[v], starts[v] + counts[v]): the voxel's run of the stable sort).
+// (ordered[start, start + count): the voxel's run of the stable sort).
 template <typename scalar_t, typename cell_t>
 __global__ void reduce_voxels_kernel(const scalar_t* __restrict__ points, int64_t num_features,
                                      const int64_t* __restrict__ batch, CellParams<cell_t> grid,
-                                     const int32_t* __restrict__ sorted_points, const int32_t* __restrict__ starts,
-                                     const int32_t* __restrict__ counts, int64_t num_voxels, Reduce reduce,
+                                     const int32_t* __restrict__ ordered, const VoxelRun* __restrict__ runs,
+                                     int64_t num_voxels, Reduce reduce,
                                      int coord_cols, scalar_t* __restrict__ features, int32_t* __restrict__ coords,
                                      int32_t* __restrict__ num_points) {
   using opmath_t = at::opmath_type<scalar_t>;
@@ -313,14 +443,15 @@ __global__ void reduce_voxels_kernel(const scalar_t* __restrict__ points, int64_
   const int64_t F = num_features;
   for (int64_t v = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; v < num_voxels;
        v += total_warps) {
-    const int32_t count = counts[v];
-    const int64_t start = starts[v];
+    const VoxelRun run = runs[v];
+    const int32_t count = run.count;
+    const int64_t start = run.start;
     for (int64_t k0 = 0; k0 < F; k0 += kWarp) {
       const int64_t k = k0 + lane;
       opmath_t acc = 0;
       for (int32_t j0 = 0; j0 < count; j0 += kWarp) {
         // Lanes load 32 member indices at once (coalesced), then broadcast them in order.
-        const int64_t mine = j0 + lane < count ? sorted_points[start + j0 + lane] : 0;
+        const int64_t mine = j0 + lane < count ? ordered[start + j0 + lane] : 0;
         const int m = min(kWarp, count - j0);
         for (int jj = 0; jj < m; ++jj) {
           const int64_t idx = __shfl_sync(kFullMask, mine, jj);
@@ -333,7 +464,7 @@ __global__ void reduce_voxels_kernel(const scalar_t* __restrict__ points, int64_
       if (k < F) features[v * F + k] = static_cast<scalar_t>(reduce == Reduce::kMean ? acc / static_cast<opmath_t>(count) : acc);
     }
     if (lane == 0) {
-      const int64_t first = sorted_points[start];
+      const int64_t first = ordered[start];
       write_coords(points + first * F, batch, first, grid, coords + v * coord_cols);
       num_points[v] = count;
     }
@@ -386,25 +517,27 @@ __global__ void max_backward_kernel(const scalar_t* __restrict__ grad, const int
 }
 
 // The shared front half: hash insert, first-appearance ids, point_to_voxel, per-voxel counts, and
-// every kept voxel's points as one run of a stable sort. Every scratch array lives in one byte
-// allocation (`buffer`), carved at 256-byte boundaries.
+// the kept points of every kept voxel in input order: for voxelize its first P points
+// (first_points), for voxel_features all of them (ordered, at runs[v].start). Every scratch array
+// lives in one byte allocation (`buffer`), carved at 256-byte boundaries.
 struct Assigned {
-  at::Tensor point_to_voxel;     // (N,) int64, an output
-  at::Tensor buffer;             // owns everything below
-  unsigned long long* keys;      // (capacity,)  | keys, first and status are contiguous:
-  unsigned int* first;           // (capacity,)  | one 0xFF memset clears them
-  int32_t* status;               // (2,) total voxels, bad batch indices - 1 (see bad_batch_count)
-  int32_t* slot_of_point;        // (N,)
-  int32_t* first_rank;           // (N,) inclusive scan of "is a first point"
-  int32_t* counts;               // (N,) the first min(V, cap) entries are the voxel counts, the rest 0
-  int32_t* starts;               // (cap,) the first min(V, cap) entries: each voxel's run in sorted_points
-  uint32_t* sort_keys[2];        // (N,) each: the radix sort's key double buffer
-  int32_t* sort_points[2];       // (N,) each: its value double buffer
-  const int32_t* sorted_points;  // one of sort_points: point indices grouped by voxel, in input order
-  void* temp;                    // cub scan / sort temp storage
-  size_t temp_bytes;
+  at::Tensor point_to_voxel;        // (N,) int64, an output
+  at::Tensor buffer;                // owns everything below
+  Slot* table;                      // (capacity,)  | table, first_points, tile states, tile counter
+  unsigned int* first_points;       // (cap, P)     | and status are contiguous: one 0xFF memset
+  uint64_t* tile_states;            // (tiles,)     | clears them
+  uint32_t* tile_counter;           // (1,)         |
+  int32_t* status;                  // (2,) total voxels, bad batch indices - 1 (see bad_batch_count)
+  int32_t* slot_of_point;           // (N,)
+  int32_t* voxel_of_slot;           // (capacity,) written at the slots in use
+  VoxelRun* runs;                   // (cap,) the first min(V, cap) entries
+  const int32_t* ordered = nullptr;  // voxel_features: the points sorted by voxel, in input order
   int64_t cap;
 };
+
+// How each voxel's points are put in input order: its first P points by the atomic lists of
+// assign_kernel (voxelize), or all of them by a stable radix sort (voxel_features).
+enum class Ordering { kFirstPoints, kSortAllPoints };
 
 // The radix sort's end bit: keys are in [0, cap] (cap >= 1: n >= 1 and max_voxels >= 1).
 inline int sort_key_bits(int64_t cap) {
@@ -413,84 +546,93 @@ inline int sort_key_bits(int64_t cap) {
   return bits;
 }
 
+inline int64_t align_bytes(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
 Assigned assign_voxels(const at::Tensor& points, const at::Tensor& batch, const Grid& grid, int64_t cap,
-                       int64_t* num_voxels_out) {
+                       Ordering ordering, int32_t max_points, int64_t* num_voxels_out) {
   const int64_t n = points.size(0), f = points.size(1);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t capacity = table_capacity(n);  // a power of two >= 64
+  const int64_t tiles = ceil_div<int64_t>(n, kScanTile);
+  const bool sort = ordering == Ordering::kSortAllPoints;
   const int key_bits = sort_key_bits(cap);
 
-  // n <= 2^30 (check_voxelize_inputs), so the int item counts of cub cannot overflow.
-  size_t scan_ids_bytes = 0, sort_bytes = 0;
-  C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_ids_bytes, is_first_iterator(nullptr, nullptr),
-                                               static_cast<int32_t*>(nullptr), static_cast<int>(n), stream));
-  {
-    cub::DoubleBuffer<uint32_t> sort_keys(nullptr, nullptr);
-    cub::DoubleBuffer<int32_t> sort_points(nullptr, nullptr);
-    C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, sort_keys, sort_points, static_cast<int>(n),
-                                                   0, key_bits, stream));
+  // n <= 2^30 (check_voxelize_inputs), so the int item count of cub cannot overflow.
+  size_t sort_bytes = 0;
+  if (sort) {
+    cub::DoubleBuffer<uint32_t> keys(nullptr, nullptr);
+    cub::DoubleBuffer<int32_t> values(nullptr, nullptr);
+    C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, values, static_cast<int>(n), 0,
+                                                   key_bits, stream));
   }
-  const size_t temp_bytes = std::max<size_t>({scan_ids_bytes, sort_bytes, 1});
-  const auto align = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  const int64_t table_bytes = capacity * 8 + capacity * 4 + 2 * 4;
-  const int64_t off_slot = align(table_bytes);
-  const int64_t off_rank = off_slot + align(n * 4);
-  const int64_t off_counts = off_rank + align(n * 4);
-  const int64_t off_starts = off_counts + align(n * 4);
-  const int64_t off_keys0 = off_starts + align(cap * 4);
-  const int64_t off_keys1 = off_keys0 + align(n * 4);
-  const int64_t off_points0 = off_keys1 + align(n * 4);
-  const int64_t off_points1 = off_points0 + align(n * 4);
-  const int64_t off_temp = off_points1 + align(n * 4);
-  const int64_t total_bytes = off_temp + align(static_cast<int64_t>(temp_bytes));
+  // The cleared region first (one memset), then the rest.
+  int64_t offset = 0;
+  const auto carve = [&offset](int64_t bytes) {
+    const int64_t at = offset;
+    offset += align_bytes(bytes);
+    return at;
+  };
+  const int64_t off_table = carve(capacity * static_cast<int64_t>(sizeof(Slot)));
+  const int64_t off_lists = carve(sort ? 0 : cap * max_points * 4);
+  const int64_t off_tiles = carve(tiles * 8);
+  const int64_t off_counter = carve(4);
+  const int64_t off_status = carve(2 * 4);
+  const int64_t cleared_bytes = offset;
+  const int64_t off_slot = carve(n * 4);
+  const int64_t off_voxel_of_slot = carve(capacity * 4);
+  const int64_t off_runs = carve(cap * static_cast<int64_t>(sizeof(VoxelRun)));
+  // kSortAllPoints: the sort's key and value double buffers and its temp storage.
+  const int64_t off_keys0 = sort ? carve(n * 4) : 0, off_keys1 = sort ? carve(n * 4) : 0;
+  const int64_t off_values0 = sort ? carve(n * 4) : 0, off_values1 = sort ? carve(n * 4) : 0;
+  const int64_t off_temp = sort ? carve(static_cast<int64_t>(sort_bytes)) : 0;
 
   Assigned a;
   a.point_to_voxel = at::empty({n}, points.options().dtype(at::kLong));
-  a.buffer = at::empty({total_bytes}, points.options().dtype(at::kByte));
+  a.buffer = at::empty({offset}, points.options().dtype(at::kByte));
   char* base = static_cast<char*>(a.buffer.mutable_data_ptr());
-  a.keys = reinterpret_cast<unsigned long long*>(base);
-  a.first = reinterpret_cast<unsigned int*>(base + capacity * 8);
-  a.status = reinterpret_cast<int32_t*>(base + capacity * 12);
+  a.table = reinterpret_cast<Slot*>(base + off_table);
+  a.first_points = sort ? nullptr : reinterpret_cast<unsigned int*>(base + off_lists);
+  a.tile_states = reinterpret_cast<uint64_t*>(base + off_tiles);
+  a.tile_counter = reinterpret_cast<uint32_t*>(base + off_counter);
+  a.status = reinterpret_cast<int32_t*>(base + off_status);
   a.slot_of_point = reinterpret_cast<int32_t*>(base + off_slot);
-  a.first_rank = reinterpret_cast<int32_t*>(base + off_rank);
-  a.counts = reinterpret_cast<int32_t*>(base + off_counts);
-  a.starts = reinterpret_cast<int32_t*>(base + off_starts);
-  a.sort_keys[0] = reinterpret_cast<uint32_t*>(base + off_keys0);
-  a.sort_keys[1] = reinterpret_cast<uint32_t*>(base + off_keys1);
-  a.sort_points[0] = reinterpret_cast<int32_t*>(base + off_points0);
-  a.sort_points[1] = reinterpret_cast<int32_t*>(base + off_points1);
-  a.temp = base + off_temp;
-  a.temp_bytes = temp_bytes;
+  a.voxel_of_slot = reinterpret_cast<int32_t*>(base + off_voxel_of_slot);
+  a.runs = reinterpret_cast<VoxelRun*>(base + off_runs);
   a.cap = cap;
 
-  // keys = kEmptyKey (all-ones), first = UINT32_MAX (atomicMin start), status = all-ones.
-  C10_CUDA_CHECK(cudaMemsetAsync(base, 0xFF, static_cast<size_t>(table_bytes), stream));
+  C10_CUDA_CHECK(cudaMemsetAsync(base, 0xFF, static_cast<size_t>(cleared_bytes), stream));
   const unsigned int blocks = grid_for(n, kThreads);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, points.scalar_type(), "voxelize_insert_cuda", [&] {
     using cell_t = typename CellType<scalar_t>::type;
     insert_kernel<scalar_t, cell_t><<<blocks, kThreads, 0, stream>>>(
         points.const_data_ptr<scalar_t>(), f, batch.defined() ? batch.const_data_ptr<int64_t>() : nullptr, n,
-        make_cell_params<cell_t>(grid), a.keys, a.first, static_cast<uint64_t>(capacity - 1), a.slot_of_point,
-        a.counts, a.status);
+        make_cell_params<cell_t>(grid), a.table, static_cast<uint64_t>(capacity - 1), a.slot_of_point, a.status);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  size_t bytes = a.temp_bytes;
-  C10_CUDA_CHECK(cub::DeviceScan::InclusiveSum(a.temp, bytes, is_first_iterator(a.slot_of_point, a.first),
-                                               a.first_rank, static_cast<int>(n), stream));
-  assign_kernel<<<blocks, kThreads, 0, stream>>>(a.slot_of_point, a.first, a.first_rank, n, cap,
-                                                 a.point_to_voxel.mutable_data_ptr<int64_t>(), a.counts,
-                                                 a.sort_keys[0], a.sort_points[0], a.status, num_voxels_out);
+  number_voxels_kernel<<<static_cast<unsigned int>(tiles), kThreads, 0, stream>>>(
+      a.slot_of_point, a.table, n, cap, a.tile_counter, a.tile_states, a.voxel_of_slot, a.runs, a.first_points,
+      max_points, a.status, num_voxels_out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  // Stable: each voxel's points keep their input order. The double buffers' selectors are flipped
-  // on the host, so Current() names the sorted arrays as soon as the call returns.
-  cub::DoubleBuffer<uint32_t> sort_keys(a.sort_keys[0], a.sort_keys[1]);
-  cub::DoubleBuffer<int32_t> sort_points(a.sort_points[0], a.sort_points[1]);
-  bytes = a.temp_bytes;
-  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(a.temp, bytes, sort_keys, sort_points, static_cast<int>(n), 0,
+  int64_t* point_to_voxel = a.point_to_voxel.mutable_data_ptr<int64_t>();
+  if (!sort) {
+    assign_kernel<<<blocks, kThreads, 0, stream>>>(a.slot_of_point, a.table, a.voxel_of_slot, n, cap, max_points,
+                                                   point_to_voxel, a.first_points, nullptr, nullptr);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return a;
+  }
+  cub::DoubleBuffer<uint32_t> keys(reinterpret_cast<uint32_t*>(base + off_keys0),
+                                   reinterpret_cast<uint32_t*>(base + off_keys1));
+  cub::DoubleBuffer<int32_t> values(reinterpret_cast<int32_t*>(base + off_values0),
+                                    reinterpret_cast<int32_t*>(base + off_values1));
+  assign_kernel<<<blocks, kThreads, 0, stream>>>(a.slot_of_point, a.table, a.voxel_of_slot, n, cap, /*max_points=*/0,
+                                                 point_to_voxel, nullptr, keys.Current(), values.Current());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Stable: each voxel's points keep their input order, so voxel v's run starts at the sum of the
+  // counts of voxels 0 .. v - 1: runs[v].start. The double buffers' selectors are flipped on the
+  // host, so Current() names the sorted arrays as soon as the call returns.
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + off_temp, sort_bytes, keys, values, static_cast<int>(n), 0,
                                                  key_bits, stream));
-  a.sorted_points = sort_points.Current();
-  starts_kernel<<<blocks, kThreads, 0, stream>>>(sort_keys.Current(), n, static_cast<uint32_t>(cap), a.starts);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  a.ordered = values.Current();
   return a;
 }
 
@@ -513,7 +655,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const int64_t n = points.size(0), f = points.size(1), p = max_points_per_voxel;
   const int cols = batch.defined() ? 4 : 3;
   const auto int_opts = points.options().dtype(at::kInt);
-  // Only the padded op returns the count (a 0-d device tensor, written by assign_kernel).
+  // Only the padded op returns the count (a 0-d device tensor, written by number_voxels_kernel).
   at::Tensor num_voxels = padded ? at::empty({}, points.options().dtype(at::kLong)) : at::Tensor();
 
   if (n == 0) {
@@ -525,7 +667,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t cap = std::min(max_voxels, n);
-  Assigned a = assign_voxels(points, batch, grid, cap, padded ? num_voxels.mutable_data_ptr<int64_t>() : nullptr);
+  // The lists of first points take cap x P x 4 bytes of scratch (as the (V, P, F) output itself
+  // grows with P); refuse sizes whose byte count would not even fit in int64.
+  TORCH_CHECK(p <= std::numeric_limits<int64_t>::max() / 4 / cap, "voxelize: max_points_per_voxel (", p,
+              ") x min(max_voxels, N) (", cap, ") is too large: the per-voxel point lists would need more than 2^63 bytes");
+  Assigned a = assign_voxels(points, batch, grid, cap, Ordering::kFirstPoints, static_cast<int32_t>(p),
+                             padded ? num_voxels.mutable_data_ptr<int64_t>() : nullptr);
 
   int64_t rows = max_voxels;
   const int32_t* device_total = nullptr;
@@ -541,31 +688,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor num_points = at::empty({rows}, int_opts);
   at::Tensor features = at::empty({rows, f}, points.options());
   if (rows > 0) {
-    constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
     const int64_t feature_elems = rows * f, voxel_elems = rows * p * f;
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, points.scalar_type(), "voxelize_gather_cuda", [&] {
+    const unsigned int feature_blocks = grid_for(feature_elems, kThreads);
+    const unsigned int voxel_blocks = grid_for(ceil_div<int64_t>(voxel_elems, kVoxelsUnroll), kThreads);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, points.scalar_type(), "voxelize_outputs_cuda", [&] {
       using cell_t = typename CellType<scalar_t>::type;
-      const scalar_t* points_ptr = points.const_data_ptr<scalar_t>();
-      const int64_t* batch_ptr = batch.defined() ? batch.const_data_ptr<int64_t>() : nullptr;
-      const auto launch_means = [&](auto index_zero) {
+      const auto launch = [&](auto index_zero) {
         using index_t = decltype(index_zero);
-        means_kernel<scalar_t, cell_t, index_t><<<grid_for(feature_elems, kThreads), kThreads, 0, stream>>>(
-            points_ptr, f, batch_ptr, make_cell_params<cell_t>(grid), a.sorted_points, a.starts, a.counts,
-            device_total, cap, rows, static_cast<int32_t>(p), cols, features.mutable_data_ptr<scalar_t>(),
-            coords.mutable_data_ptr<int32_t>(), num_points.mutable_data_ptr<int32_t>());
+        voxel_outputs_kernel<scalar_t, cell_t, index_t><<<feature_blocks + voxel_blocks, kThreads, 0, stream>>>(
+            points.const_data_ptr<scalar_t>(), f, batch.defined() ? batch.const_data_ptr<int64_t>() : nullptr,
+            make_cell_params<cell_t>(grid), a.first_points, a.runs, device_total, cap, rows, static_cast<int32_t>(p), cols,
+            Divider<index_t>(static_cast<index_t>(f)), Divider<index_t>(static_cast<index_t>(p * f)), feature_blocks,
+            features.mutable_data_ptr<scalar_t>(), coords.mutable_data_ptr<int32_t>(),
+            num_points.mutable_data_ptr<int32_t>(), voxels.mutable_data_ptr<scalar_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
-      const auto launch_voxels = [&](auto index_zero) {
-        using index_t = decltype(index_zero);
-        voxels_kernel<scalar_t, index_t>
-            <<<grid_for(ceil_div<int64_t>(voxel_elems, kVoxelsUnroll), kThreads), kThreads, 0, stream>>>(
-                points_ptr, f, a.sorted_points, a.starts, a.counts, device_total, cap, rows, static_cast<int32_t>(p),
-                voxels.mutable_data_ptr<scalar_t>());
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      };
-      // 32-bit element indices when the grid-stride loop cannot wrap them (stride < 2^31).
-      if (feature_elems <= kMax32) launch_means(uint32_t{0}); else launch_means(uint64_t{0});
-      if (voxel_elems <= kMax32) launch_voxels(uint32_t{0}); else launch_voxels(uint64_t{0});
+      // 32-bit element indices when every index stays below 2^31 (the fast divider's range):
+      // indices reach voxel_elems plus one grid stride (a few million), and feature_elems <=
+      // voxel_elems.
+      if (voxel_elems < (int64_t{1} << 30)) launch(uint32_t{0}); else launch(uint64_t{0});
     });
   }
   return {voxels, coords, num_points, features, a.point_to_voxel, num_voxels};
@@ -601,7 +742,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> voxel_features_cuda(
             at::empty({0}, points.options().dtype(at::kLong))};
   }
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  Assigned a = assign_voxels(points, batch, grid, /*cap=*/n, nullptr);  // cap = n: every voxel kept
+  // cap = n: every voxel kept, all of its points in order.
+  Assigned a = assign_voxels(points, batch, grid, /*cap=*/n, Ordering::kSortAllPoints, /*max_points=*/0, nullptr);
   int64_t nv = 0;
   read_status(a, stream, grid, &nv);  // V sizes the outputs
   at::Tensor features = at::empty({nv, f}, points.options());
@@ -612,7 +754,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> voxel_features_cuda(
       using cell_t = typename CellType<scalar_t>::type;
       reduce_voxels_kernel<scalar_t, cell_t><<<grid_for(nv * kWarp, kThreads), kThreads, 0, stream>>>(
           points.const_data_ptr<scalar_t>(), f, batch.defined() ? batch.const_data_ptr<int64_t>() : nullptr,
-          make_cell_params<cell_t>(grid), a.sorted_points, a.starts, a.counts, nv, reduce, cols,
+          make_cell_params<cell_t>(grid), a.ordered, a.runs, nv, reduce, cols,
           features.mutable_data_ptr<scalar_t>(), coords.mutable_data_ptr<int32_t>(),
           num_points.mutable_data_ptr<int32_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
