@@ -50,6 +50,11 @@
 #include "common/lookback_scan.cuh"
 #include "voxelize/voxelize.h"
 
+// __match_any_sync and the look-back's spinning lanes (independent thread scheduling) need Volta.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 700
+#error "pointops needs a GPU of compute capability 7.0 or newer: leave older ones out of TORCH_CUDA_ARCH_LIST"
+#endif
+
 namespace pointops {
 namespace voxelize {
 namespace {
