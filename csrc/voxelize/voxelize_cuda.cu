@@ -221,9 +221,9 @@ __global__ void __launch_bounds__(kThreads) number_voxels_kernel(
 // The list of voxel v is first_points[v * P, v * P + P), all-ones (empty) at the start, except
 // slot 0: the number kernel already wrote the voxel's first point there (the smallest index, which
 // every other point would pass on unchanged), so the first point does nothing here and the others
-// start at slot 1. Slot k keeps the atomicMin of every index offered to it, and the index a slot gives up (the larger of
-// the two) moves on to slot k + 1; an index that reaches an empty slot, or passes slot P - 1,
-// stops. So slot 0 ends with the smallest index of the voxel, slot 1 with the smallest of the
+// start at slot 1. Slot k keeps the atomicMin of every index offered to it, and the index a slot
+// gives up (the larger of the two) moves on to slot k + 1; an index that reaches an empty slot,
+// or passes slot P - 1, stops. So slot 0 ends with the smallest index of the voxel, slot 1 with the smallest of the
 // rest, and so on: the list holds the voxel's first min(count, P) points in input order, whatever
 // order the atomics ran in. Slots only ever decrease and the list is sorted at every moment, so a
 // slot read (even stale: >= its true value) at <= i would only pass i on unchanged: a point of a
@@ -249,11 +249,15 @@ __global__ void assign_kernel(const int32_t* __restrict__ slot_of_point, const S
       if (id < cap) voxel = id;
     }
     // A point with P earlier peers in its own warp cannot be among its voxel's first P points.
-    const unsigned peers = __match_any_sync(kFullMask, static_cast<unsigned long long>(voxel));
-    const bool may_be_kept = __popc(peers & lanes_below()) < max_points;
+    // (first_points is the same for the whole launch, so every lane takes the same branch.)
+    bool may_be_kept = false;
+    if (first_points) {
+      const unsigned peers = __match_any_sync(kFullMask, static_cast<unsigned long long>(voxel));
+      may_be_kept = voxel >= 0 && __popc(peers & lanes_below()) < max_points;
+    }
     if (!valid) continue;
     point_to_voxel[i] = voxel;
-    if (first_points && voxel >= 0 && may_be_kept && static_cast<unsigned int>(i) != first) {
+    if (may_be_kept && static_cast<unsigned int>(i) != first) {
       volatile unsigned int* list = first_points + voxel * max_points;
       unsigned int offered = static_cast<unsigned int>(i);
       int32_t k = 1;
@@ -304,8 +308,8 @@ __device__ __forceinline__ int64_t real_rows(const int32_t* device_total, int64_
 
 // features/coords/num_points, one thread per (row v, column k); the k == 0 thread also writes
 // coords[v] and num_points[v]. Real rows: the voxel's kept points are first_points[v * P, v * P +
-// kept), in input order; column k is summed over them in that order in opmath_t and divided once by kept
-// (the CPU's loop, bit for bit). Padding rows: 0, coords -1, num_points 0.
+// kept), in input order; column k is summed over them in that order in opmath_t and divided once
+// by kept (the CPU's loop, bit for bit). Padding rows: 0, coords -1, num_points 0.
 template <typename scalar_t, typename cell_t, typename index_t>
 __device__ __forceinline__ void write_features(const scalar_t* __restrict__ points, int64_t num_features,
                                                const int64_t* __restrict__ batch, const CellParams<cell_t>& grid,
@@ -358,8 +362,8 @@ __device__ __forceinline__ void write_features(const scalar_t* __restrict__ poin
 
 // voxels, one thread per element e = (v, r, k) of (rows x P x F), kVoxelsUnroll elements per
 // thread and step (blockDim.x apart: each of them coalesced across the warp), their loads
-// batched in three rounds: count of v and its r-th first point -> value. The value is the r-th kept point's
-// column k, or 0 for r >= kept and for padding rows.
+// batched in two rounds: count of v and its r-th first point -> value. The value is the r-th kept
+// point's column k, or 0 for r >= kept and for padding rows.
 template <typename scalar_t, typename index_t>
 __device__ __forceinline__ void write_voxels(const scalar_t* __restrict__ points, int64_t num_features,
                                              const unsigned int* __restrict__ first_points,
@@ -424,14 +428,16 @@ __global__ void voxel_outputs_kernel(const scalar_t* __restrict__ points, int64_
                                      int32_t* __restrict__ num_points, scalar_t* __restrict__ voxels) {
   const index_t real = static_cast<index_t>(real_rows(device_total, cap, rows));
   if (blockIdx.x < feature_blocks) {
-    write_features<scalar_t, cell_t, index_t>(
-        points, num_features, batch, grid, first_points, runs, real, static_cast<index_t>(rows), max_points, coord_cols,
-        by_f, static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x, static_cast<index_t>(feature_blocks) * blockDim.x,
-        features, coords, num_points);
+    write_features<scalar_t, cell_t, index_t>(points, num_features, batch, grid, first_points, runs, real,
+                                              static_cast<index_t>(rows), max_points, coord_cols, by_f,
+                                              static_cast<index_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                                              static_cast<index_t>(feature_blocks) * blockDim.x, features, coords,
+                                              num_points);
   } else {
     const index_t block = blockIdx.x - feature_blocks, blocks = gridDim.x - feature_blocks;
-    write_voxels<scalar_t, index_t>(points, num_features, first_points, runs, real, static_cast<index_t>(rows), max_points,
-                                    by_f, by_row, block * blockDim.x * kVoxelsUnroll + threadIdx.x, blocks * blockDim.x, voxels);
+    write_voxels<scalar_t, index_t>(points, num_features, first_points, runs, real, static_cast<index_t>(rows),
+                                    max_points, by_f, by_row, block * blockDim.x * kVoxelsUnroll + threadIdx.x,
+                                    blocks * blockDim.x, voxels);
   }
 }
 
@@ -539,7 +545,6 @@ struct Assigned {
   int32_t* voxel_of_slot;           // (capacity,) written at the slots in use
   VoxelRun* runs;                   // (cap,) the first min(V, cap) entries
   const int32_t* ordered = nullptr;  // voxel_features: the points sorted by voxel, in input order
-  int64_t cap;
 };
 
 // How each voxel's points are put in input order: its first P points by the atomic lists of
@@ -605,7 +610,6 @@ Assigned assign_voxels(const at::Tensor& points, const at::Tensor& batch, const 
   a.slot_of_point = reinterpret_cast<int32_t*>(base + off_slot);
   a.voxel_of_slot = reinterpret_cast<int32_t*>(base + off_voxel_of_slot);
   a.runs = reinterpret_cast<VoxelRun*>(base + off_runs);
-  a.cap = cap;
 
   C10_CUDA_CHECK(cudaMemsetAsync(base, 0xFF, static_cast<size_t>(cleared_bytes), stream));
   const unsigned int blocks = grid_for(n, kThreads);
@@ -677,7 +681,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   // The lists of first points take cap x P x 4 bytes of scratch (as the (V, P, F) output itself
   // grows with P); refuse sizes whose byte count would not even fit in int64.
   TORCH_CHECK(p <= std::numeric_limits<int64_t>::max() / 4 / cap, "voxelize: max_points_per_voxel (", p,
-              ") x min(max_voxels, N) (", cap, ") is too large: the per-voxel point lists would need more than 2^63 bytes");
+              ") x min(max_voxels, N) (", cap,
+              ") is too large: the per-voxel point lists would need more than 2^63 bytes");
   Assigned a = assign_voxels(points, batch, grid, cap, Ordering::kFirstPoints, static_cast<int32_t>(p),
                              padded ? num_voxels.mutable_data_ptr<int64_t>() : nullptr);
 
@@ -704,7 +709,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         using index_t = decltype(index_zero);
         voxel_outputs_kernel<scalar_t, cell_t, index_t><<<feature_blocks + voxel_blocks, kThreads, 0, stream>>>(
             points.const_data_ptr<scalar_t>(), f, batch.defined() ? batch.const_data_ptr<int64_t>() : nullptr,
-            make_cell_params<cell_t>(grid), a.first_points, a.runs, device_total, cap, rows, static_cast<int32_t>(p), cols,
+            make_cell_params<cell_t>(grid), a.first_points, a.runs, device_total, cap, rows, static_cast<int32_t>(p),
+            cols,
             Divider<index_t>(static_cast<index_t>(f)), Divider<index_t>(static_cast<index_t>(p * f)), feature_blocks,
             features.mutable_data_ptr<scalar_t>(), coords.mutable_data_ptr<int32_t>(),
             num_points.mutable_data_ptr<int32_t>(), voxels.mutable_data_ptr<scalar_t>());
