@@ -679,10 +679,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t cap = std::min(max_voxels, n);
   // The lists of first points take cap x P x 4 bytes of scratch (as the (V, P, F) output itself
-  // grows with P); refuse sizes whose byte count would not even fit in int64.
-  TORCH_CHECK(p <= std::numeric_limits<int64_t>::max() / 4 / cap, "voxelize: max_points_per_voxel (", p,
-              ") x min(max_voxels, N) (", cap,
-              ") is too large: the per-voxel point lists would need more than 2^63 bytes");
+  // grows with P); check_caps (P <= INT32_MAX) and kMaxPoints (cap <= N <= 2^30) keep that byte
+  // count inside int64.
+  static_assert(std::numeric_limits<int32_t>::max() <= std::numeric_limits<int64_t>::max() / 4 / kMaxPoints,
+                "the per-voxel point lists' byte count must fit in int64");
   Assigned a = assign_voxels(points, batch, grid, cap, Ordering::kFirstPoints, static_cast<int32_t>(p),
                              padded ? num_voxels.mutable_data_ptr<int64_t>() : nullptr);
 
