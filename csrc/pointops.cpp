@@ -38,6 +38,17 @@ TORCH_LIBRARY(pointops, m) {
   m.def("_voxel_features_backward(Tensor grad_features, Tensor points, Tensor point_to_voxel, "
         "Tensor num_points, Tensor features, str reduce) -> Tensor grad_points");
   // POINTOPS-VOXELIZE-SCHEMAS-END
+
+  // ---- Particle sums (csrc/particle_sum) ----
+  // f_i = sum_j g(|x_i - y_j|) c_j for targets (M, D) or (B, M, D), sources (N, D) or (B, N, D),
+  // weights (N,) / (N, C) or (B, N) / (B, N, C); kernel "gaussian" (sigma), "laplace" or
+  // "helmholtz" (wavenumber). Complex output for complex weights or helmholtz.
+  m.def("particle_sum(Tensor targets, Tensor sources, Tensor weights, str kernel=\"gaussian\", "
+        "float? sigma=None, float? wavenumber=None) -> Tensor");
+  // The sums and the first moments sum_j h(r_ij) c_j (x_i - y_j), h = g'(r) / r, from the same
+  // pair values: moments have the sums' shape plus a trailing D. The pieces of the gradients.
+  m.def("_particle_sum_moments(Tensor targets, Tensor sources, Tensor weights, str kernel, "
+        "float? sigma=None, float? wavenumber=None) -> (Tensor sums, Tensor moments)");
 }
 
 // The Python module: build facts only (the ops live in torch.ops.pointops).

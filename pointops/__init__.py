@@ -3,6 +3,7 @@
 Public API:
   nearest_neighbor, chamfer, chamfer_distance, ChamferLoss, ChamferFunction, fscore
   voxelize, voxel_features, Voxels, Voxelizer
+  particle_sum, ParticleSum
   build_info()
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -14,6 +15,7 @@ _C, _LOADED_HOW = _load_extension()
 
 from .chamfer import ChamferFunction, ChamferLoss, chamfer, chamfer_distance, fscore, nearest_neighbor  # noqa: E402
 from .voxelize import Voxelizer, Voxels, voxel_features, voxelize  # noqa: E402
+from .particle_sum import ParticleSum, particle_sum  # noqa: E402
 
 
 def build_info() -> dict:
@@ -26,5 +28,5 @@ def build_info() -> dict:
 
 __all__ = [
     "nearest_neighbor", "chamfer", "chamfer_distance", "ChamferLoss", "ChamferFunction", "fscore",
-    "voxelize", "voxel_features", "Voxels", "Voxelizer", "build_info", "__version__",
+    "voxelize", "voxel_features", "Voxels", "Voxelizer", "particle_sum", "ParticleSum", "build_info", "__version__",
 ]

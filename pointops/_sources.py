@@ -32,7 +32,9 @@ def cxx_flags():
     flags = ["-O3"]  # the C++ standard is torch's choice (c++17 or c++20 by version)
     if sys.platform != "win32":
         # at::parallel_for is a header template: without -fopenmp it silently runs serially.
-        flags += ["-fopenmp"]
+        # sqrt may set errno for negative inputs; that possibility alone stops loops calling it
+        # from vectorising, and no code here reads errno.
+        flags += ["-fopenmp", "-fno-math-errno"]
     return flags
 
 

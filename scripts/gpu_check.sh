@@ -3,6 +3,7 @@
 # benchmarks. Logs land in $OUT (the device tool brings them back).
 #   STAGES="build test sanitize bench" scripts/gpu_check.sh     (default: all four)
 #   PYTEST_TARGETS=tests/test_chamfer.py PYTEST_K="cuda" BENCH_ARGS="--only chamfer" ...
+#   SANITIZE_TESTS=tests/test_particle_sum.py   (the tests run under memcheck; "none" skips them)
 # Data for the data tests travels as .data/ (a copy of ../shared/data, git-ignored).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,8 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/gpu.txt"
 
+stage_start=$(date +%s)
+elapsed() { echo "[$1 done at $(( $(date +%s) - stage_start )) s]"; }
 if stage build; then
   start=$(date +%s)
   if ! python -m pip install -v --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
@@ -35,6 +38,7 @@ fi
 if stage test; then
   python -m pytest ${PYTEST_TARGETS:-tests} -q -ra -p no:cacheprovider -k "${PYTEST_K:-}" 2>&1 | tee "$OUT/pytest.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  elapsed test
 fi
 
 if stage sanitize; then
@@ -44,12 +48,15 @@ if stage sanitize; then
     echo "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
     [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/sanitize-$tool.log"; }
   done
+  elapsed "sanitize cases"
   # memcheck over the CUDA tests themselves (compile tests left out: slow under the sanitizer)
-  compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest tests -q -p no:cacheprovider \
-    -k "cuda and not compile" >"$OUT/sanitize-tests.log" 2>&1
-  rc=$?
-  echo "compute-sanitizer memcheck on CUDA tests: rc=$rc, $(grep -E 'ERROR SUMMARY' "$OUT/sanitize-tests.log" | tail -1) $(grep -E 'passed|failed' "$OUT/sanitize-tests.log" | tail -1)"
-  [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/sanitize-tests.log"; }
+  if [ "${SANITIZE_TESTS:-tests}" != none ]; then
+    compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest ${SANITIZE_TESTS:-tests} -q \
+      -p no:cacheprovider -k "cuda and not compile" >"$OUT/sanitize-tests.log" 2>&1
+    rc=$?
+    echo "compute-sanitizer memcheck on CUDA tests: rc=$rc, $(grep -E 'ERROR SUMMARY' "$OUT/sanitize-tests.log" | tail -1) $(grep -E 'passed|failed' "$OUT/sanitize-tests.log" | tail -1)"
+    [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/sanitize-tests.log"; }
+  fi
 fi
 
 if stage bench; then

@@ -63,7 +63,42 @@ def voxelize_cases():
     print("voxelize cases ok")
 
 
+def particle_sum_cases():
+    """Every compiled variant family: D = 3 kernels with many and few targets (split sources and
+    the merge), every column chunk, moments, complex weights, the any-D kernel, coincident points
+    (the re-summed blocks), float64 and the half types."""
+    torch.manual_seed(0)
+    params = {"gaussian": {"sigma": 0.2}, "laplace": {}, "helmholtz": {"wavenumber": 7.0}}
+    for kernel, p in params.items():
+        for dtype in (torch.float32, torch.float64, torch.float16):
+            for M, N, C in ((300, 700, None), (40_000, 300, 16), (50, 5000, 3)):
+                x = torch.rand(M, 3, device="cuda", dtype=dtype)
+                y = torch.rand(N, 3, device="cuda", dtype=dtype)
+                y[:5] = x[:5]  # coincident pairs
+                w = torch.randn((N,) if C is None else (N, C), device="cuda", dtype=dtype)
+                got = pointops.particle_sum(x, y, w, kernel, **p)
+                ref = pointops.particle_sum(x.cpu(), y.cpu(), w.cpu(), kernel, **p)
+                err = ((got.cpu() - ref).abs().max() / ref.abs().max()).item()
+                assert err < 1e-2, (kernel, dtype, M, N, C, err)
+            wc = torch.randn(700, 2, device="cuda", dtype=torch.complex64 if dtype != torch.float64 else torch.complex128)
+            xs = torch.rand(2, 300, 3, device="cuda", dtype=wc.real.dtype, requires_grad=True)
+            ys = torch.rand(2, 700, 3, device="cuda", dtype=wc.real.dtype, requires_grad=True)
+            wcb = wc.expand(2, 700, 2).clone().requires_grad_()
+            pointops.particle_sum(xs, ys, wcb, kernel, **p).abs().sum().backward()
+    for dim in (1, 2, 7):
+        x = torch.rand(200, dim, device="cuda", requires_grad=True)
+        y = torch.rand(3000, dim, device="cuda", requires_grad=True)
+        w = torch.randn(3000, 5, device="cuda", requires_grad=True)
+        pointops.particle_sum(x, y, w, "gaussian", sigma=0.3).sum().backward()
+    e = torch.zeros(0, 3, device="cuda")
+    f = torch.rand(4, 3, device="cuda")
+    pointops.particle_sum(e, f, f[:, 0], "laplace")
+    pointops.particle_sum(f, e, e[:, 0], "laplace")
+    print("particle_sum cases ok")
+
+
 if __name__ == "__main__":
     chamfer_cases()
     voxelize_cases()
+    particle_sum_cases()
     torch.cuda.synchronize()

@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from .chamfer import chamfer_distance, fscore, chamfer
+from ..chamfer import chamfer, chamfer_distance, fscore
+from ._common import pyplot, save_figure, sync
 
 
 def trefoil_tube(n: int, seed: int = 0, radius: float = 0.25) -> torch.Tensor:
@@ -29,14 +30,10 @@ def trefoil_tube(n: int, seed: int = 0, radius: float = 0.25) -> torch.Tensor:
     return (points / 3.0).float()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def demo_chamfer(device: torch.device, outdir: pathlib.Path | None, steps: int = 200, points: int = 8192,
                  batch: int = 4) -> None:
-    print(f"== Chamfer fit: {batch} clouds of {points} points, {steps} Adam steps on {device}")
+    device = torch.device(device)
+    print(f"[chamfer] fit {batch} clouds of {points} points by {steps} Adam steps on {device}")
     target = torch.stack([trefoil_tube(points, seed=s) for s in range(batch)]).to(device)
     g = torch.Generator().manual_seed(123)
     source = (0.3 * torch.randn(batch, points, 3, generator=g)).to(device).requires_grad_()
@@ -45,7 +42,7 @@ def demo_chamfer(device: torch.device, outdir: pathlib.Path | None, steps: int =
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     step_times = []
     for step in range(steps + 1):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = chamfer_distance(source, target)
@@ -53,29 +50,25 @@ def demo_chamfer(device: torch.device, outdir: pathlib.Path | None, steps: int =
             loss.backward()
             optimizer.step()
             scheduler.step()
-        _sync(device)
+        sync(device)
         step_times.append(time.perf_counter() - t0)
         if step % max(1, steps // 10) == 0 or step == steps:
-            print(f"  step {step:4d}  chamfer {loss.item():.6f}  step time {1e3 * step_times[-1]:7.2f} ms")
+            print(f"[chamfer] step {step:4d}  chamfer {loss.item():.6f}  step time {1e3 * step_times[-1]:7.2f} ms")
     with torch.no_grad():
         dist1, dist2, _, _ = chamfer(source, target)
         f, p, r = fscore(dist1, dist2, threshold=0.02**2)
     warm = sorted(step_times[5:]) or step_times
-    print(f"  median step (forward + backward + Adam): {1e3 * warm[len(warm) // 2]:.2f} ms; "
+    print(f"[chamfer] median step (forward + backward + Adam): {1e3 * warm[len(warm) // 2]:.2f} ms; "
           f"F-score@2cm {f.mean():.3f} (precision {p.mean():.3f}, recall {r.mean():.3f})")
     if outdir is not None:
-        _save_picture(start[0].cpu(), source.detach()[0].cpu(), target[0].cpu(), outdir / "chamfer_fit.png")
+        path = pathlib.Path(outdir) / "chamfer_fit.png"
+        _save_picture(start[0].cpu(), source.detach()[0].cpu(), target[0].cpu(), path)
 
 
 def _save_picture(start, fitted, target, path: pathlib.Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("  (matplotlib not installed: no picture)")
+    plt = pyplot("[chamfer]", path)
+    if plt is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig = plt.figure(figsize=(12, 4))
     for i, (title, cloud) in enumerate([("start", start), ("after fitting", fitted), ("target", target)]):
         ax = fig.add_subplot(1, 3, i + 1, projection="3d")
@@ -84,6 +77,4 @@ def _save_picture(start, fitted, target, path: pathlib.Path) -> None:
         ax.set_xlim(-1.1, 1.1), ax.set_ylim(-1.1, 1.1), ax.set_zlim(-1.1, 1.1)
         ax.set_axis_off()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"  saved {path}")
+    save_figure(fig, path, "[chamfer]", dpi=110)

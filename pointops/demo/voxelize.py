@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 import pathlib
-import time
 
 import torch
 
-from .voxelize import voxel_features, voxelize
+from ..voxelize import voxel_features, voxelize
+from ._common import pyplot, save_figure, time_ms
 
 POINT_RANGE = [-54.0, -54.0, -5.0, 54.0, 54.0, 3.0]
 SENSOR_HEIGHT = 1.8
@@ -61,31 +61,19 @@ def lidar_scan(beams: int = 64, azimuth_steps: int = 2048, seed: int = 0) -> tor
     return torch.cat([xyz, intensity[:, None]], 1).float()
 
 
-def _timed(fn, device: torch.device, repeat: int = 20) -> tuple[object, float]:
-    out = fn()  # warm-up (and the result)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return out, (time.perf_counter() - start) / repeat * 1e3
-
-
 def demo_voxelize(device: torch.device, outdir: pathlib.Path | None) -> None:
     device = torch.device(device)
     points = lidar_scan().to(device)
     print(f"[voxelize] ray-cast street scan: {points.shape[0]:,} points (64 beams x 2048 azimuths) on {device}")
     for voxel_size in ([0.2, 0.2, 0.2], [0.075, 0.075, 0.2]):
-        out, ms = _timed(lambda: voxelize(points, voxel_size, POINT_RANGE, 10, 160_000), device)
-        _, ms_padded = _timed(lambda: voxelize(points, voxel_size, POINT_RANGE, 10, 160_000, padded=True), device)
+        out, ms = time_ms(lambda: voxelize(points, voxel_size, POINT_RANGE, 10, 160_000), device)
+        _, ms_padded = time_ms(lambda: voxelize(points, voxel_size, POINT_RANGE, 10, 160_000, padded=True), device)
         in_range = int((out.point_to_voxel >= 0).sum())
         print(f"[voxelize] voxel {voxel_size}: {out.voxels.shape[0]:,} voxels, {in_range:,} points in range, "
               f"{int(out.num_points.sum()):,} kept (<= 10 per voxel), largest voxel "
               f"{int(torch.bincount(out.point_to_voxel[out.point_to_voxel >= 0]).max())} points; "
               f"{ms:.3f} ms (padded, no sync: {ms_padded:.3f} ms)")
-    dyn, ms = _timed(lambda: voxel_features(points, [0.2, 0.2, 0.2], POINT_RANGE, "max"), device)
+    dyn, ms = time_ms(lambda: voxel_features(points, [0.2, 0.2, 0.2], POINT_RANGE, "max"), device)
     print(f"[voxelize] voxel_features(max), 0.2 m: {dyn.features.shape[0]:,} voxels in {ms:.3f} ms")
     again = voxelize(points, [0.2, 0.2, 0.2], POINT_RANGE, 10, 160_000)
     first = voxelize(points, [0.2, 0.2, 0.2], POINT_RANGE, 10, 160_000)
@@ -94,16 +82,10 @@ def demo_voxelize(device: torch.device, outdir: pathlib.Path | None) -> None:
 
     if outdir is None:
         return
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("[voxelize] matplotlib is not installed: no bird's-eye view saved")
+    path = pathlib.Path(outdir) / "voxelize_bev.png"
+    plt = pyplot("[voxelize]", path)
+    if plt is None:
         return
-    outdir = pathlib.Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
     coords = dyn.coords.cpu()  # (z, y, x) cells of every occupied 0.2 m voxel
     top = dyn.features[:, 2].float().cpu()  # highest point of the voxel (max reduction of z)
     x = coords[:, 2].float() * 0.2 + POINT_RANGE[0] + 0.1
@@ -118,11 +100,4 @@ def demo_voxelize(device: torch.device, outdir: pathlib.Path | None) -> None:
     ax.set_ylabel("y (m)")
     ax.set_title(f"occupied 0.2 m voxels (bird's-eye view), {coords.shape[0]:,} voxels")
     fig.colorbar(sc, ax=ax, shrink=0.8, label="highest point in voxel, z (m)")
-    path = outdir / "voxelize_bev.png"
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    print(f"[voxelize] saved {path}")
-
-
-if __name__ == "__main__":
-    demo_voxelize(torch.device("cuda" if torch.cuda.is_available() else "cpu"), pathlib.Path("demo_out"))
+    save_figure(fig, path, "[voxelize]", bbox_inches="tight")

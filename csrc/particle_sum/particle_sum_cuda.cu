@@ -1,0 +1,146 @@
+// Particle sums on CUDA: the launchers (checks, guard, operands, column chunks, kernel choice).
+// The kernels are in particle_sum_cuda.cuh, compiled per family in particle_sum_cuda_<kernel>.cu.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+#include "particle_sum/particle_sum_cuda.cuh"
+
+namespace pointops {
+namespace particle_sum_cuda {
+namespace {
+
+template <typename T>
+PairConstants<T> pair_constants(const ParticleKernelConstants& k) {
+  PairConstants<T> c{};
+  // A tiny sigma gives a scale below the type's range: the lowest finite value keeps exp2(0 * scale) = 1.
+  c.exp2_scale = static_cast<T>(std::max(k.gaussian_exp2_scale, static_cast<double>(std::numeric_limits<T>::lowest())));
+  c.wavenumber = static_cast<T>(k.wavenumber);
+  const double turns = k.wavenumber / (2.0 * 3.14159265358979323846);
+  c.turns_hi = static_cast<float>(turns);
+  c.turns_lo = static_cast<float>(turns - static_cast<double>(c.turns_hi));
+  return c;
+}
+
+template <typename T>
+void run_particle_sum(const ParticleSumProblem& p, const ParticleSumOperands& op, ParticleSumOutputs& out,
+                      bool moments) {
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const ParticleKernelConstants constants = particle_kernel_constants(p);
+  const int parts = kernel_parts(p.kernel);
+  const bool generic = p.D != 3;  // only the Gaussian reaches here with D != 3
+  const int64_t B = p.B, M = p.M;
+
+  LaunchArgs<T> args{};
+  args.targets = op.targets.data_ptr<T>();
+  args.sources = op.sources.data_ptr<T>();
+  args.weights = op.weights.data_ptr<T>();
+  args.B = B;
+  args.M = M;
+  args.N = p.N;
+  args.D = p.D;
+  args.weight_row = op.real_columns;
+  args.k = pair_constants<T>(constants);
+  args.sum_scale = constants.sum_scale;
+  args.moment_scale = constants.moment_scale;
+  args.sums_real = out.sums_real.data_ptr<T>();
+  args.moments_real = moments ? out.moments_real.data_ptr<T>() : nullptr;
+  args.out.sums_row = out.sums_real.numel() / (B * M);
+  args.out.moments_row = moments ? out.moments_real.numel() / (B * M) : 0;
+  args.out.D = p.D;
+  args.out.complex_output = p.complex_output;
+  args.direct_epilogue = !moments && !(parts == 2 && p.complex_weights);
+
+  const int largest = moments ? 2
+                      : (generic || sizeof(T) == 8) ? 4
+                      : p.kernel == ParticleKernel::Helmholtz ? 8 : 16;
+  // Few targets: the one-target-per-thread D = 3 variant, with the sources split across blocks.
+  const bool few_targets = B * M < static_cast<int64_t>(multiprocessor_count()) * kThreads * 2;
+  const auto device = op.targets.options();
+  for (int64_t column = 0; column < op.real_columns;) {
+    const int R = column_chunk(op.real_columns - column, p.complex_weights, largest);
+    args.column_begin = column;
+    args.out.column_begin = column;
+    if (!generic) {
+      const int slots = moments ? 4 : 1;
+      args.acc = AccumulatorLayout{R, parts, slots, moments ? 3 : 0, 0, p.complex_weights};
+      args.out.write_sums = true;
+      switch (p.kernel) {
+        case ParticleKernel::Gaussian:
+          launch_d3<ParticleKernel::Gaussian, T>(args, R, moments, few_targets, device, stream);
+          break;
+        case ParticleKernel::Laplace:
+          launch_d3<ParticleKernel::Laplace, T>(args, R, moments, few_targets, device, stream);
+          break;
+        case ParticleKernel::Helmholtz:
+          launch_d3<ParticleKernel::Helmholtz, T>(args, R, moments, few_targets, device, stream);
+          break;
+      }
+    } else if (!moments) {
+      args.acc = AccumulatorLayout{R, 1, 1, 0, 0, p.complex_weights};
+      args.out.write_sums = true;
+      launch_generic<T>(args, R, false, device, stream);
+    } else {
+      // kGenericMomentDims dimensions per launch; the first also writes the sums.
+      for (int64_t dim = 0; dim < p.D; dim += kGenericMomentDims) {
+        const int dims = static_cast<int>(std::min<int64_t>(kGenericMomentDims, p.D - dim));
+        args.acc = AccumulatorLayout{R, 1, 1 + kGenericMomentDims, dims, dim, p.complex_weights};
+        args.out.write_sums = dim == 0;
+        launch_generic<T>(args, R, true, device, stream);
+      }
+    }
+    column += R;
+  }
+}
+
+ParticleSumOutputs particle_sum_cuda_impl(const ParticleSumProblem& p, const at::Tensor& targets,
+                                          const at::Tensor& sources, const at::Tensor& weights, bool moments) {
+  const c10::cuda::CUDAGuard guard(targets.device());
+  ParticleSumOutputs out = allocate_particle_sum_outputs(p, targets.options(), moments);
+  if (p.B * p.M * p.C == 0) {
+    finish_particle_sum_outputs(p, out);
+    return out;
+  }
+  if (p.N == 0) {
+    out.sums_real.zero_();
+    if (moments) out.moments_real.zero_();
+    finish_particle_sum_outputs(p, out);
+    return out;
+  }
+  const ParticleSumOperands op = particle_sum_operands(p, targets, sources, weights);
+  if (p.compute_type == at::kDouble) {
+    run_particle_sum<double>(p, op, out, moments);
+  } else {
+    run_particle_sum<float>(p, op, out, moments);
+  }
+  finish_particle_sum_outputs(p, out);
+  return out;
+}
+
+at::Tensor particle_sum_cuda(const at::Tensor& targets, const at::Tensor& sources, const at::Tensor& weights,
+                             c10::string_view kernel, c10::optional<double> sigma, c10::optional<double> wavenumber) {
+  const ParticleSumProblem p = check_particle_sum_inputs(targets, sources, weights, kernel, sigma, wavenumber);
+  return shape_like_call(p, particle_sum_cuda_impl(p, targets, sources, weights, false).sums);
+}
+
+std::tuple<at::Tensor, at::Tensor> particle_sum_moments_cuda(const at::Tensor& targets, const at::Tensor& sources,
+                                                             const at::Tensor& weights, c10::string_view kernel,
+                                                             c10::optional<double> sigma,
+                                                             c10::optional<double> wavenumber) {
+  const ParticleSumProblem p = check_particle_sum_inputs(targets, sources, weights, kernel, sigma, wavenumber);
+  ParticleSumOutputs out = particle_sum_cuda_impl(p, targets, sources, weights, true);
+  return {shape_like_call(p, out.sums), moments_like_call(p, out.moments)};
+}
+
+}  // namespace
+}  // namespace particle_sum_cuda
+
+TORCH_LIBRARY_IMPL(pointops, CUDA, m) {
+  m.impl("particle_sum", &particle_sum_cuda::particle_sum_cuda);
+  m.impl("_particle_sum_moments", &particle_sum_cuda::particle_sum_moments_cuda);
+}
+
+}  // namespace pointops

@@ -1,0 +1,13 @@
+// The D = 3 CUDA kernels of the laplace particle sum (float and double), compiled on their own.
+#include "particle_sum/particle_sum_cuda_variants.cuh"
+
+namespace pointops {
+namespace particle_sum_cuda {
+
+template void launch_d3<ParticleKernel::Laplace, float>(const LaunchArgs<float>&, int, bool, bool,
+                                                    const at::TensorOptions&, cudaStream_t);
+template void launch_d3<ParticleKernel::Laplace, double>(const LaunchArgs<double>&, int, bool, bool,
+                                                     const at::TensorOptions&, cudaStream_t);
+
+}  // namespace particle_sum_cuda
+}  // namespace pointops

@@ -1,0 +1,88 @@
+// The compiled variants of the particle-sum kernels: which template arguments exist and how a
+// call picks one. Included only by the translation units that instantiate them
+// (particle_sum_cuda_{gaussian,laplace,helmholtz,generic}.cu), so that each family compiles in
+// its own nvcc process.
+#pragma once
+
+#include "particle_sum/particle_sum_cuda.cuh"
+
+namespace pointops {
+namespace particle_sum_cuda {
+
+template <ParticleKernel K, typename T, int R, int Q, bool MOM>
+void launch_d3_variant(const LaunchArgs<T>& args, const at::TensorOptions& device, cudaStream_t stream) {
+  launch_planned(particle_sum_d3_kernel<K, T, R, Q, MOM>, args, static_cast<int64_t>(kThreads) * Q, 0, device,
+                 stream);
+}
+
+template <ParticleKernel K, typename T, int R, bool MOM>
+void launch_d3_columns(const LaunchArgs<T>& args, bool few_targets, const at::TensorOptions& device,
+                       cudaStream_t stream) {
+  constexpr int Q = targets_per_thread<T, K, R, MOM>();
+  if constexpr (Q > 1 && !MOM && R <= 2) {
+    if (few_targets) return launch_d3_variant<K, T, R, 1, MOM>(args, device, stream);
+  }
+  launch_d3_variant<K, T, R, Q, MOM>(args, device, stream);
+}
+
+template <ParticleKernel K, typename T>
+void launch_d3(const LaunchArgs<T>& args, int R, bool moments, bool few_targets, const at::TensorOptions& device,
+               cudaStream_t stream) {
+  constexpr bool kFloat = sizeof(T) == 4;
+  if (moments) {
+    switch (R) {
+      case 1: return launch_d3_columns<K, T, 1, true>(args, few_targets, device, stream);
+      case 2: return launch_d3_columns<K, T, 2, true>(args, few_targets, device, stream);
+    }
+  } else {
+    switch (R) {
+      case 1: return launch_d3_columns<K, T, 1, false>(args, few_targets, device, stream);
+      case 2: return launch_d3_columns<K, T, 2, false>(args, few_targets, device, stream);
+      case 4: return launch_d3_columns<K, T, 4, false>(args, few_targets, device, stream);
+      case 8:
+        if constexpr (kFloat) return launch_d3_columns<K, T, 8, false>(args, few_targets, device, stream);
+        break;
+      case 16:  // not helmholtz: its 32 accumulators would not fit the shared-memory staging
+        if constexpr (kFloat && K != ParticleKernel::Helmholtz) return launch_d3_columns<K, T, 16, false>(args, few_targets, device, stream);
+        break;
+    }
+  }
+  TORCH_CHECK(false, "particle_sum: no CUDA kernel for ", R, " weight columns", moments ? " with moments" : "",
+              " (internal error: column_chunk and launch_d3 disagree)");
+}
+
+template <typename T, int R, int MD>
+void launch_generic_variant(const LaunchArgs<T>& args, const at::TensorOptions& device, cudaStream_t stream) {
+  // As many sources per tile as fit the default shared-memory limit, at most kBlockSum (one
+  // partial sum per tile), at least 1.
+  const int64_t per_source = (args.D + R) * static_cast<int64_t>(sizeof(T));
+  const int64_t budget = static_cast<int64_t>(kDefaultSharedLimit) - kThreads * R * (1 + MD) * 8;
+  const int tile_points = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(kBlockSum, budget / per_source)));
+  TORCH_CHECK(tile_points * per_source <= budget, "particle_sum: D = ", args.D,
+              " is too large for the CUDA kernel's shared-memory tile (one source needs ", per_source, " bytes)");
+  launch_planned(particle_sum_generic_kernel<T, R, MD>, args, kThreads, static_cast<size_t>(tile_points * per_source),
+                 device, stream, tile_points);
+}
+
+template <typename T>
+void launch_generic(const LaunchArgs<T>& args, int R, bool moments, const at::TensorOptions& device,
+                    cudaStream_t stream) {
+  constexpr int MD = kGenericMomentDims;
+  if (moments) {
+    switch (R) {
+      case 1: return launch_generic_variant<T, 1, MD>(args, device, stream);
+      case 2: return launch_generic_variant<T, 2, MD>(args, device, stream);
+    }
+  } else {
+    switch (R) {
+      case 1: return launch_generic_variant<T, 1, 0>(args, device, stream);
+      case 2: return launch_generic_variant<T, 2, 0>(args, device, stream);
+      case 4: return launch_generic_variant<T, 4, 0>(args, device, stream);
+    }
+  }
+  TORCH_CHECK(false, "particle_sum: no generic CUDA kernel for ", R, " weight columns",
+              moments ? " with moments" : "", " (internal error)");
+}
+
+}  // namespace particle_sum_cuda
+}  // namespace pointops

@@ -1,0 +1,30 @@
+"""``python -m pointops demo``: one module per op family, each generating its own data, printing
+results and timings and (with matplotlib) saving a picture.
+
+* :mod:`.chamfer`: fit a point cloud to another by gradient descent on the Chamfer distance.
+* :mod:`.voxelize`: voxelize a ray-cast LiDAR street scan.
+* :mod:`.particle_sum`: the Gaussian field of 50 particles on three planes through the unit cube,
+  against the torch chunked way (cdist + exp + matmul).
+"""
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+from .chamfer import demo_chamfer
+from .particle_sum import demo_particle_sum
+from .voxelize import demo_voxelize
+
+__all__ = ["run_demo", "demo_chamfer", "demo_voxelize", "demo_particle_sum"]
+
+
+def run_demo(device: torch.device | str, outdir: pathlib.Path | str | None = None, steps: int = 200,
+             points: int = 8192) -> None:
+    """Run the three demos in order on `device`; pictures go to `outdir` (None: no pictures).
+    `steps` and `points` size the Chamfer fit."""
+    device = torch.device(device)
+    outdir = None if outdir is None else pathlib.Path(outdir)
+    demo_chamfer(device, outdir, steps=steps, points=points)
+    demo_voxelize(device, outdir)
+    demo_particle_sum(device, outdir)
