@@ -496,6 +496,7 @@ def run(quick: bool = False) -> str:
         else:
             rows.append(forward_row(case, device, quick, keops_ok, notes,
                                     memory if case.get("memory") else None))
+        print("| " + " | ".join(str(c) for c in rows[-1]) + " |", flush=True)  # progress
         free_memory()
 
     header = ["case", "M x N", "pointops ms", "pairs/s", "of 4.2e12 bound", "torch chunked ms", "speed-up",
