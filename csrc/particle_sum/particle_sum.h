@@ -15,6 +15,7 @@
 #include <c10/util/Optional.h>
 
 #include <string>
+#include <tuple>
 
 namespace pointops {
 
@@ -66,6 +67,32 @@ void finish_particle_sum_outputs(const ParticleSumProblem& p, ParticleSumOutputs
 // not have. Sums (B, M, C) -> (B, M) / (M, C) / (M,); moments (B, M, C, D) likewise.
 at::Tensor shape_like_call(const ParticleSumProblem& p, at::Tensor sums);
 at::Tensor moments_like_call(const ParticleSumProblem& p, at::Tensor moments);
+
+// The cases without any pair to sum: no output elements (nothing to do) or no sources (zeros).
+// Returns true when it handled the call (outputs finished).
+bool finish_trivial_particle_sum(const ParticleSumProblem& p, ParticleSumOutputs& out);
+
+using ParticleSumImpl = ParticleSumOutputs (*)(const ParticleSumProblem&, const at::Tensor& targets,
+                                               const at::Tensor& sources, const at::Tensor& weights,
+                                               bool with_moments);
+
+// The two ops' entry points around a backend's implementation (registered per backend).
+template <ParticleSumImpl Impl>
+at::Tensor particle_sum_entry(const at::Tensor& targets, const at::Tensor& sources, const at::Tensor& weights,
+                              c10::string_view kernel, c10::optional<double> sigma, c10::optional<double> wavenumber) {
+  const ParticleSumProblem p = check_particle_sum_inputs(targets, sources, weights, kernel, sigma, wavenumber);
+  return shape_like_call(p, Impl(p, targets, sources, weights, false).sums);
+}
+
+template <ParticleSumImpl Impl>
+std::tuple<at::Tensor, at::Tensor> particle_sum_moments_entry(const at::Tensor& targets, const at::Tensor& sources,
+                                                              const at::Tensor& weights, c10::string_view kernel,
+                                                              c10::optional<double> sigma,
+                                                              c10::optional<double> wavenumber) {
+  const ParticleSumProblem p = check_particle_sum_inputs(targets, sources, weights, kernel, sigma, wavenumber);
+  ParticleSumOutputs out = Impl(p, targets, sources, weights, true);
+  return {shape_like_call(p, out.sums), moments_like_call(p, out.moments)};
+}
 
 // The constants a kernel evaluation needs (in double; the kernels round them to their type).
 struct ParticleKernelConstants {

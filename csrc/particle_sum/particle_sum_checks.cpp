@@ -155,6 +155,16 @@ void finish_particle_sum_outputs(const ParticleSumProblem& p, ParticleSumOutputs
   if (out.moments.defined()) out.moments = out.moments.to(p.coords_type);
 }
 
+bool finish_trivial_particle_sum(const ParticleSumProblem& p, ParticleSumOutputs& out) {
+  if (p.B * p.M * p.C != 0 && p.N != 0) return false;
+  if (p.N == 0) {
+    out.sums_real.zero_();
+    if (out.moments_real.defined()) out.moments_real.zero_();
+  }
+  finish_particle_sum_outputs(p, out);
+  return true;
+}
+
 at::Tensor shape_like_call(const ParticleSumProblem& p, at::Tensor sums) {
   if (p.vector_weights) sums = sums.squeeze(-1);
   if (!p.batched) sums = sums.squeeze(0);

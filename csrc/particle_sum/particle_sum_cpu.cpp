@@ -342,16 +342,7 @@ void dispatch_dim(const PairMath<K, T>& math, const CpuCall& call, const Particl
 ParticleSumOutputs particle_sum_cpu_impl(const ParticleSumProblem& p, const at::Tensor& targets,
                                          const at::Tensor& sources, const at::Tensor& weights, bool moments) {
   ParticleSumOutputs out = allocate_particle_sum_outputs(p, targets.options(), moments);
-  if (p.B * p.M * p.C == 0) {
-    finish_particle_sum_outputs(p, out);
-    return out;
-  }
-  if (p.N == 0) {
-    out.sums_real.zero_();
-    if (moments) out.moments_real.zero_();
-    finish_particle_sum_outputs(p, out);
-    return out;
-  }
+  if (finish_trivial_particle_sum(p, out)) return out;
   const ParticleSumOperands op = particle_sum_operands(p, targets, sources, weights);
   const ParticleKernelConstants constants = particle_kernel_constants(p);
   const CpuCall call{op.targets.data_ptr(), op.sources.data_ptr(), op.weights.data_ptr(), p.B, p.M, p.N, p.D,
@@ -377,26 +368,11 @@ ParticleSumOutputs particle_sum_cpu_impl(const ParticleSumProblem& p, const at::
   return out;
 }
 
-at::Tensor particle_sum_cpu(const at::Tensor& targets, const at::Tensor& sources, const at::Tensor& weights,
-                            c10::string_view kernel, c10::optional<double> sigma, c10::optional<double> wavenumber) {
-  const ParticleSumProblem p = check_particle_sum_inputs(targets, sources, weights, kernel, sigma, wavenumber);
-  return shape_like_call(p, particle_sum_cpu_impl(p, targets, sources, weights, false).sums);
-}
-
-std::tuple<at::Tensor, at::Tensor> particle_sum_moments_cpu(const at::Tensor& targets, const at::Tensor& sources,
-                                                            const at::Tensor& weights, c10::string_view kernel,
-                                                            c10::optional<double> sigma,
-                                                            c10::optional<double> wavenumber) {
-  const ParticleSumProblem p = check_particle_sum_inputs(targets, sources, weights, kernel, sigma, wavenumber);
-  ParticleSumOutputs out = particle_sum_cpu_impl(p, targets, sources, weights, true);
-  return {shape_like_call(p, out.sums), moments_like_call(p, out.moments)};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pointops, CPU, m) {
-  m.impl("particle_sum", &particle_sum_cpu);
-  m.impl("_particle_sum_moments", &particle_sum_moments_cpu);
+  m.impl("particle_sum", &particle_sum_entry<particle_sum_cpu_impl>);
+  m.impl("_particle_sum_moments", &particle_sum_moments_entry<particle_sum_cpu_impl>);
 }
 
 }  // namespace pointops

@@ -100,16 +100,7 @@ ParticleSumOutputs particle_sum_cuda_impl(const ParticleSumProblem& p, const at:
                                           const at::Tensor& sources, const at::Tensor& weights, bool moments) {
   const c10::cuda::CUDAGuard guard(targets.device());
   ParticleSumOutputs out = allocate_particle_sum_outputs(p, targets.options(), moments);
-  if (p.B * p.M * p.C == 0) {
-    finish_particle_sum_outputs(p, out);
-    return out;
-  }
-  if (p.N == 0) {
-    out.sums_real.zero_();
-    if (moments) out.moments_real.zero_();
-    finish_particle_sum_outputs(p, out);
-    return out;
-  }
+  if (finish_trivial_particle_sum(p, out)) return out;
   const ParticleSumOperands op = particle_sum_operands(p, targets, sources, weights);
   if (p.compute_type == at::kDouble) {
     run_particle_sum<double>(p, op, out, moments);
@@ -120,27 +111,12 @@ ParticleSumOutputs particle_sum_cuda_impl(const ParticleSumProblem& p, const at:
   return out;
 }
 
-at::Tensor particle_sum_cuda(const at::Tensor& targets, const at::Tensor& sources, const at::Tensor& weights,
-                             c10::string_view kernel, c10::optional<double> sigma, c10::optional<double> wavenumber) {
-  const ParticleSumProblem p = check_particle_sum_inputs(targets, sources, weights, kernel, sigma, wavenumber);
-  return shape_like_call(p, particle_sum_cuda_impl(p, targets, sources, weights, false).sums);
-}
-
-std::tuple<at::Tensor, at::Tensor> particle_sum_moments_cuda(const at::Tensor& targets, const at::Tensor& sources,
-                                                             const at::Tensor& weights, c10::string_view kernel,
-                                                             c10::optional<double> sigma,
-                                                             c10::optional<double> wavenumber) {
-  const ParticleSumProblem p = check_particle_sum_inputs(targets, sources, weights, kernel, sigma, wavenumber);
-  ParticleSumOutputs out = particle_sum_cuda_impl(p, targets, sources, weights, true);
-  return {shape_like_call(p, out.sums), moments_like_call(p, out.moments)};
-}
-
 }  // namespace
 }  // namespace particle_sum_cuda
 
 TORCH_LIBRARY_IMPL(pointops, CUDA, m) {
-  m.impl("particle_sum", &particle_sum_cuda::particle_sum_cuda);
-  m.impl("_particle_sum_moments", &particle_sum_cuda::particle_sum_moments_cuda);
+  m.impl("particle_sum", &particle_sum_entry<particle_sum_cuda::particle_sum_cuda_impl>);
+  m.impl("_particle_sum_moments", &particle_sum_moments_entry<particle_sum_cuda::particle_sum_cuda_impl>);
 }
 
 }  // namespace pointops
