@@ -20,7 +20,6 @@ wheels made by scripts/keops_wheels.sh (.whl/) and put them on PYTHONPATH.
 import gc
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -80,21 +79,9 @@ def free_memory():
         torch.cuda.empty_cache()
 
 
-def cpu_time_ms(fn, warmup=1, repeat=5):
-    """Median wall time (perf_counter) of a CPU call: common.time_ms uses CUDA events whenever a GPU
-    exists, which does not time work done on the host."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def timer(device):
-    return time_ms if device == "cuda" else cpu_time_ms
+    """time_ms for work on `device` (CUDA events on the GPU, the host clock on the CPU)."""
+    return lambda fn, warmup, repeat: time_ms(fn, warmup, repeat, cuda=device == "cuda")
 
 
 def with_extra_memory(fn, device):
@@ -434,8 +421,8 @@ def cpu_section(quick):
             raise RuntimeError(f"particle_sum CPU {kernel} ({n} x {n}): relative l2 error {err:.2e} > "
                                f"{TOL[kernel]:.0e} against float64; not timing")
         base_err = rel_l2(torch_chunked(x, y, w, kernel)[idx], ref)
-        t = cpu_time_ms(ps, 1, 5)
-        t_base = cpu_time_ms(lambda: torch_chunked(x, y, w, kernel), 1, 3)
+        t = time_ms(ps, 1, 5, cuda=False)
+        t_base = time_ms(lambda: torch_chunked(x, y, w, kernel), 1, 3, cuda=False)
         speed = t_base / t
         rows.append([kernel, f"{n:,} x {n:,}", fmt_ms(t), f"{n * n / (t * 1e-3):.2e}", fmt_ms(t_base),
                      fmt_speed(speed), f"{fmt_err(err)} / {fmt_err(base_err)}",

@@ -5,12 +5,15 @@ import time
 import torch
 
 
-def time_ms(fn, warmup: int = 5, repeat: int = 30) -> float:
-    """Median wall time of fn() in milliseconds: CUDA events on a GPU, perf_counter on the CPU."""
+def time_ms(fn, warmup: int = 5, repeat: int = 30, cuda: bool = None) -> float:
+    """Median wall time of fn() in milliseconds: CUDA events for GPU work, perf_counter for work on
+    the host. `cuda` defaults to whether a GPU is present; pass False to time CPU work there."""
+    if cuda is None:
+        cuda = torch.cuda.is_available()
     for _ in range(warmup):
         fn()
     times = []
-    if torch.cuda.is_available():
+    if cuda:
         torch.cuda.synchronize()
         for _ in range(repeat):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

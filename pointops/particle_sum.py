@@ -74,6 +74,10 @@ KERNELS = ("gaussian", "laplace", "helmholtz")
 _REAL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _unknown_kernel(kernel) -> str:
+    return f"kernel must be one of {', '.join(repr(k) for k in KERNELS)}, got {kernel!r}"
+
+
 def particle_sum(targets: Tensor, sources: Tensor, weights: Tensor, kernel: str = "gaussian", *,
                  sigma: Optional[float] = None, wavenumber: Optional[float] = None) -> Tensor:
     """f(x_i) = sum_j g(x_i, y_j) c_j for every target x_i, without forming the M x N matrix.
@@ -119,7 +123,7 @@ class ParticleSum(nn.Module):
                  wavenumber: Optional[float] = None):
         super().__init__()
         if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {', '.join(repr(k) for k in KERNELS)}, got {kernel!r}")
+            raise ValueError(_unknown_kernel(kernel))
         self.kernel = kernel
         self.sigma = None if sigma is None else float(sigma)
         self.wavenumber = None if wavenumber is None else float(wavenumber)
@@ -140,8 +144,7 @@ class ParticleSum(nn.Module):
 def _check_fake(targets, sources, weights, kernel, sigma, wavenumber):
     """The checks of check_particle_sum_inputs (csrc/particle_sum/particle_sum_checks.cpp) that
     shapes and dtypes allow, for fake tensors. Returns (sums shape, output dtype, D)."""
-    torch._check(kernel in KERNELS,
-                 lambda: f"kernel must be one of {', '.join(repr(k) for k in KERNELS)}, got {kernel!r}")
+    torch._check(kernel in KERNELS, lambda: _unknown_kernel(kernel))
     torch._check(targets.dim() in (2, 3),
                  lambda: f"targets must be a 2-D (M, D) or 3-D (B, M, D) tensor, got shape {tuple(targets.shape)}")
     rank = targets.dim()

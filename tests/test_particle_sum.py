@@ -348,19 +348,13 @@ def test_float32_gradients_against_float64(device, kernel, complex_weights):
     G = torch.randn(300, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     if kernel == "helmholtz" or complex_weights:
         G = torch.complex(G, torch.randn(300, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
-    grads = []
-    for dtype in (torch.float32, torch.float64):
-        cast = lambda t: (t.to(torch.complex128) if t.is_complex() else t.double()) if dtype == torch.float64 \
-            else t  # noqa: E731
-        a, b, c = (cast(t.detach().cpu() if dtype == torch.float64 else t).clone().requires_grad_()
-                   for t in (x, y, w))
-        if dtype == torch.float32:
-            f = pointops.particle_sum(a, b, c, kernel, **PARAMS[kernel])
-            _loss(f, G.to(f.dtype).to(device)).backward()
-        else:
-            _loss(dense_sum(a, b, c, kernel), G.to(torch.complex128 if (kernel == "helmholtz" or complex_weights)
-                                                  else torch.float64)).backward()
-        grads.append((a.grad, b.grad, c.grad))
+    a, b, c = (t.clone().requires_grad_() for t in (x, y, w))
+    f = pointops.particle_sum(a, b, c, kernel, **PARAMS[kernel])
+    _loss(f, G.to(f.dtype).to(device)).backward()
+    a64, b64, c64 = ((t.cpu().to(torch.complex128) if t.is_complex() else t.cpu().double()).requires_grad_()
+                     for t in (x, y, w))
+    _loss(dense_sum(a64, b64, c64, kernel), G).backward()
+    grads = [(a.grad, b.grad, c.grad), (a64.grad, b64.grad, c64.grad)]
     for got, ref, name in zip(grads[0], grads[1], ("targets", "sources", "weights")):
         assert got.dtype == (w.dtype if name == "weights" else x.dtype)
         err = rel_l2(got, ref)

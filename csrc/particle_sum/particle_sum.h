@@ -14,6 +14,8 @@
 #include <c10/macros/Macros.h>
 #include <c10/util/Optional.h>
 
+#include <algorithm>
+#include <limits>
 #include <string>
 #include <tuple>
 
@@ -94,17 +96,25 @@ std::tuple<at::Tensor, at::Tensor> particle_sum_moments_entry(const at::Tensor& 
   return {shape_like_call(p, out.sums), moments_like_call(p, out.moments)};
 }
 
-// The constants a kernel evaluation needs (in double; the kernels round them to their type).
+// The constants a kernel evaluation needs, the same for both backends.
 struct ParticleKernelConstants {
   double gaussian_exp2_scale;  // -log2(e) / (2 sigma^2): g = exp2(scale * r^2)
   double wavenumber;           // k
+  float turns_hi, turns_lo;    // k / (2 pi) as two floats, for the float32 phase reduction
   double sum_scale;            // applied to the sums: 1 (gaussian), 1 / (4 pi)
   double moment_scale;         // applied to the moments: -1 / sigma^2, -1 / (4 pi), 1 / (4 pi)
 };
 ParticleKernelConstants particle_kernel_constants(const ParticleSumProblem& p);
 
+// The Gaussian's scale in the compute type T. A tiny sigma gives a scale below T's range: the
+// lowest finite value keeps exp2(0 * scale) = 1 for coincident points (-inf would make it NaN).
+template <typename T>
+T gaussian_exp2_scale_as(const ParticleKernelConstants& c) {
+  return static_cast<T>(std::max(c.gaussian_exp2_scale, static_cast<double>(std::numeric_limits<T>::lowest())));
+}
+
 // Number of value parts per pair: 2 for helmholtz (cos, sin), else 1.
-inline int kernel_parts(ParticleKernel k) { return k == ParticleKernel::Helmholtz ? 2 : 1; }
+C10_HOST_DEVICE constexpr int kernel_parts(ParticleKernel k) { return k == ParticleKernel::Helmholtz ? 2 : 1; }
 
 // One chunk of weight columns as the kernels see it. Accumulators per target:
 // accumulators_per_target() = columns * parts * slots, index (r * parts + v) * slots + m.
@@ -191,7 +201,7 @@ C10_HOST_DEVICE inline OutputTerm output_term(const AccumulatorLayout& a, const 
 }
 
 // Turns one target's accumulators into its outputs. `sum_of(a)` returns accumulator a summed over
-// the source splits (in split order); values are combined and scaled in float64 and rounded once.
+// the source splits (in a fixed order); values are combined and scaled in float64 and rounded once.
 template <typename T, typename SumOf>
 C10_HOST_DEVICE inline void finalize_target(const AccumulatorLayout& a, const OutputLayout& o, double sum_scale,
                                             double moment_scale, const SumOf& sum_of, T* sums_row, T* moments_row) {

@@ -190,11 +190,15 @@ ParticleKernelConstants particle_kernel_constants(const ParticleSumProblem& p) {
       c.sum_scale = inv_4pi;
       c.moment_scale = -inv_4pi;
       break;
-    case ParticleKernel::Helmholtz:
+    case ParticleKernel::Helmholtz: {
       c.wavenumber = p.wavenumber;
+      const double turns = p.wavenumber / (2.0 * kPi);
+      c.turns_hi = static_cast<float>(turns);
+      c.turns_lo = static_cast<float>(turns - static_cast<double>(c.turns_hi));
       c.sum_scale = inv_4pi;
       c.moment_scale = inv_4pi;
       break;
+    }
   }
   return c;
 }

@@ -94,6 +94,7 @@ template <typename T>
 struct PairMath<ParticleKernel::Helmholtz, T> {
   static constexpr int kParts = 2;
   double k;
+  explicit PairMath(const ParticleKernelConstants& c) : k(c.wavenumber) {}
   POINTOPS_INLINE void eval(T r2, T* g, T* h, int stride) const {
     if (r2 < std::numeric_limits<T>::min()) {
       g[0] = g[stride] = h[0] = h[stride] = T(0);
@@ -116,10 +117,8 @@ template <>
 struct PairMath<ParticleKernel::Helmholtz, float> {
   static constexpr int kParts = 2;
   float k, turns_hi, turns_lo;
-  explicit PairMath(double wavenumber)
-      : k(static_cast<float>(wavenumber)),
-        turns_hi(static_cast<float>(wavenumber * 0.15915494309189533577)),
-        turns_lo(static_cast<float>(wavenumber * 0.15915494309189533577 - static_cast<double>(turns_hi))) {}
+  explicit PairMath(const ParticleKernelConstants& c)
+      : k(static_cast<float>(c.wavenumber)), turns_hi(c.turns_hi), turns_lo(c.turns_lo) {}
   POINTOPS_INLINE void eval(float r2, float* g, float* h, int stride) const {
     constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
     const bool keep = !(r2 < std::numeric_limits<float>::min());  // coincident pairs are dropped; NaN stays
@@ -349,18 +348,15 @@ ParticleSumOutputs particle_sum_cpu_impl(const ParticleSumProblem& p, const at::
                      op.real_columns, moments};
   AT_DISPATCH_FLOATING_TYPES(p.compute_type, "particle_sum_cpu", [&] {
     switch (p.kernel) {
-      case ParticleKernel::Gaussian: {
-        // Large negative scales (tiny sigma) stay finite so that r^2 = 0 still gives exp2(-0) = 1.
-        const scalar_t scale = std::max(static_cast<scalar_t>(constants.gaussian_exp2_scale),
-                                        std::numeric_limits<scalar_t>::lowest());
-        dispatch_dim(PairMath<ParticleKernel::Gaussian, scalar_t>{scale}, call, constants, p, out);
+      case ParticleKernel::Gaussian:
+        dispatch_dim(PairMath<ParticleKernel::Gaussian, scalar_t>{gaussian_exp2_scale_as<scalar_t>(constants)}, call,
+                     constants, p, out);
         break;
-      }
       case ParticleKernel::Laplace:
         dispatch_dim(PairMath<ParticleKernel::Laplace, scalar_t>{}, call, constants, p, out);
         break;
       case ParticleKernel::Helmholtz:
-        dispatch_dim(PairMath<ParticleKernel::Helmholtz, scalar_t>{constants.wavenumber}, call, constants, p, out);
+        dispatch_dim(PairMath<ParticleKernel::Helmholtz, scalar_t>(constants), call, constants, p, out);
         break;
     }
   });

@@ -4,8 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <cmath>
-#include <limits>
+#include <algorithm>
 
 #include "particle_sum/particle_sum_cuda.cuh"
 
@@ -15,14 +14,7 @@ namespace {
 
 template <typename T>
 PairConstants<T> pair_constants(const ParticleKernelConstants& k) {
-  PairConstants<T> c{};
-  // A tiny sigma gives a scale below the type's range: the lowest finite value keeps exp2(0 * scale) = 1.
-  c.exp2_scale = static_cast<T>(std::max(k.gaussian_exp2_scale, static_cast<double>(std::numeric_limits<T>::lowest())));
-  c.wavenumber = static_cast<T>(k.wavenumber);
-  const double turns = k.wavenumber / (2.0 * 3.14159265358979323846);
-  c.turns_hi = static_cast<float>(turns);
-  c.turns_lo = static_cast<float>(turns - static_cast<double>(c.turns_hi));
-  return c;
+  return {gaussian_exp2_scale_as<T>(k), static_cast<T>(k.wavenumber), k.turns_hi, k.turns_lo};
 }
 
 template <typename T>

@@ -18,7 +18,7 @@
 // and stay NaN.
 //
 // Few targets: the sources are split across blocks (grid.y); each split writes its float64 totals
-// and a merge kernel adds them in split order (no atomics: bitwise reproducible).
+// and a merge kernel adds them in a fixed order (no atomics: bitwise reproducible).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -85,8 +85,6 @@ __device__ __forceinline__ float fast_rsqrt(float x) {
   return y;
 }
 __device__ __forceinline__ double fast_rsqrt(double x) { return rsqrt(x); }
-
-constexpr int kernel_parts_of(ParticleKernel K) { return K == ParticleKernel::Helmholtz ? 2 : 1; }
 
 // g (values) and h = g'(r) / r up to the constant factors finalize applies (h only when MOM).
 template <ParticleKernel K, bool MOM>
@@ -156,7 +154,7 @@ struct KernelValues<ParticleKernel::Helmholtz, MOM> {
 // NaN goes on and propagates).
 template <ParticleKernel K, typename T, int R, int MD, bool CAREFUL>
 __device__ __forceinline__ void add_pair(T* acc, T r2, const T* diff, const T* w, const PairConstants<T>& c) {
-  constexpr int P = kernel_parts_of(K);
+  constexpr int P = kernel_parts(K);
   constexpr int S = 1 + MD;
   if (CAREFUL && r2 < std::numeric_limits<T>::min()) return;
   T g[P], h[P];
@@ -222,7 +220,7 @@ struct alignas(16) SourcePoint {
 
 template <ParticleKernel K, int R, bool MOM>
 constexpr int accumulators_d3() {
-  return R * kernel_parts_of(K) * (MOM ? 4 : 1);
+  return R * kernel_parts(K) * (MOM ? 4 : 1);
 }
 
 // The per-source body is unrolled this many times (fewer for the heavy variants: code size).
