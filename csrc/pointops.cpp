@@ -7,14 +7,15 @@
 
 TORCH_LIBRARY(pointops, m) {
   // ---- Chamfer / nearest neighbour (csrc/chamfer) ----
-  // For each point of x (B,N,D) the nearest point of y (B,M,D): squared distance and index.
-  m.def("nearest_neighbor(Tensor x, Tensor y, Tensor? x_lengths=None, Tensor? y_lengths=None)"
+  // For each point of x (B,N,D) the nearest point of y (B,M,D): distance and index. norm = 2: squared
+  // Euclidean distance; norm = 1: L1 distance.
+  m.def("nearest_neighbor(Tensor x, Tensor y, Tensor? x_lengths=None, Tensor? y_lengths=None, int norm=2)"
         " -> (Tensor dist, Tensor idx)");
   // Both directions of the Chamfer distance in one launch.
-  m.def("chamfer(Tensor x, Tensor y, Tensor? x_lengths=None, Tensor? y_lengths=None)"
+  m.def("chamfer(Tensor x, Tensor y, Tensor? x_lengths=None, Tensor? y_lengths=None, int norm=2)"
         " -> (Tensor dist1, Tensor dist2, Tensor idx1, Tensor idx2)");
-  // Gradient of dist = |x - y[idx]|^2 with respect to x (written directly) and y (scattered).
-  m.def("_nearest_neighbor_backward(Tensor grad_dist, Tensor x, Tensor y, Tensor idx)"
+  // Gradient of dist = d(x, y[idx]) with respect to x (written directly) and y (scattered).
+  m.def("_nearest_neighbor_backward(Tensor grad_dist, Tensor x, Tensor y, Tensor idx, int norm=2)"
         " -> (Tensor grad_x, Tensor grad_y)");
 
   // ---- Voxelization (csrc/voxelize) ----

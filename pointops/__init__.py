@@ -13,7 +13,8 @@ from ._version import __version__
 
 _C, _LOADED_HOW = _load_extension()
 
-from .chamfer import ChamferFunction, ChamferLoss, chamfer, chamfer_distance, fscore, nearest_neighbor  # noqa: E402
+from .chamfer import ChamferFunction, chamfer, fscore, nearest_neighbor  # noqa: E402
+from .chamfer_loss import ChamferLoss, chamfer_distance  # noqa: E402
 from .voxelize import Voxelizer, Voxels, voxel_features, voxelize  # noqa: E402
 from .particle_sum import ParticleSum, particle_sum  # noqa: E402
 

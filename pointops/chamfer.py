@@ -6,13 +6,17 @@ D >= 1. Ragged batches: ``x_lengths`` / ``y_lengths`` (B,) int64 give the number
 each cloud; points past a cloud's length are padding: never matched, and reported with distance
 0 and index -1.
 
-Distances are *squared* Euclidean, computed in the exact ``sum((x - y)^2)`` form, which stays
-accurate for clouds far from the origin (LiDAR scale) where ``|x|^2 + |y|^2 - 2 x.y`` does not.
+Distances are *squared* Euclidean (``norm=2``, the default) or L1 (``norm=1``: ``sum |x - y|``),
+computed per coordinate in the exact ``sum((x - y)^2)`` form, which stays accurate for clouds far
+from the origin (LiDAR scale) where ``|x|^2 + |y|^2 - 2 x.y`` does not.
 Ties go to the smallest index. A query with no neighbour at a comparable distance (every
 distance NaN, e.g. NaN coordinates) gets distance NaN and index -1; a query against an empty
 cloud gets distance +inf and index -1. Indices are always in [0, M) or -1.
 
-Gradients flow to ``x`` and ``y`` (not through the indices). On CUDA the gradient of the
+Gradients flow to ``x`` and ``y`` (not through the indices); for ``norm=1`` the derivative of
+``|x - y|`` is ``sign(x - y)``, 0 where a coordinate difference is exactly 0.
+
+The Chamfer *loss*, ``chamfer_distance`` / ``ChamferLoss``, lives in :mod:`pointops.chamfer_loss`. On CUDA the gradient of the
 reference cloud is scattered with float atomics unless
 ``torch.use_deterministic_algorithms(True)`` is set, in which case a sort-based path makes it
 bitwise repeatable.
@@ -22,7 +26,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["nearest_neighbor", "chamfer", "chamfer_distance", "ChamferLoss", "ChamferFunction", "fscore"]
+__all__ = ["nearest_neighbor", "chamfer", "ChamferFunction", "fscore"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -40,14 +44,14 @@ def _check_shapes(x: Tensor, y: Tensor) -> None:
 
 
 @torch.library.register_fake("pointops::nearest_neighbor")
-def _nearest_neighbor_fake(x, y, x_lengths=None, y_lengths=None):
+def _nearest_neighbor_fake(x, y, x_lengths=None, y_lengths=None, norm=2):
     _check_shapes(x, y)
     B, N = x.shape[0], x.shape[1]
     return x.new_empty(B, N), x.new_empty(B, N, dtype=torch.int64)
 
 
 @torch.library.register_fake("pointops::chamfer")
-def _chamfer_fake(x, y, x_lengths=None, y_lengths=None):
+def _chamfer_fake(x, y, x_lengths=None, y_lengths=None, norm=2):
     _check_shapes(x, y)
     B, N, M = x.shape[0], x.shape[1], y.shape[1]
     return (x.new_empty(B, N), y.new_empty(B, M),
@@ -55,7 +59,7 @@ def _chamfer_fake(x, y, x_lengths=None, y_lengths=None):
 
 
 @torch.library.register_fake("pointops::_nearest_neighbor_backward")
-def _nearest_neighbor_backward_fake(grad_dist, x, y, idx):
+def _nearest_neighbor_backward_fake(grad_dist, x, y, idx, norm=2):
     _check_shapes(x, y)
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
         y, memory_format=torch.contiguous_format)
@@ -73,22 +77,23 @@ def _chamfer_grads(x, y, idx1, idx2, grad_dist1, grad_dist2):
 
 # ---------------------------------------------------------------- public API
 def nearest_neighbor(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None,
-                     y_lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                     y_lengths: Optional[Tensor] = None, *, norm: int = 2) -> Tuple[Tensor, Tensor]:
     """For every point of ``x`` its nearest point in ``y``.
 
     Args:
         x: (B, N, D) query clouds. y: (B, M, D) reference clouds, same dtype and device.
         x_lengths, y_lengths: optional (B,) int64 numbers of valid points per cloud.
+        norm: 2: squared Euclidean distance (default); 1: L1 distance. Any other value is an error.
 
     Returns:
-        ``(dist, idx)``: ``dist`` (B, N) squared distance, dtype of x; ``idx`` (B, N) int64 index
-        into y (smallest on ties; -1 for padding, an empty y, or no comparable neighbour).
-        Differentiable in x and y.
+        ``(dist, idx)``: ``dist`` (B, N) distance (squared for norm=2), dtype of x; ``idx`` (B, N)
+        int64 index into y (smallest on ties; -1 for padding, an empty y, or no comparable
+        neighbour). Differentiable in x and y.
 
     Example:
         >>> dist, idx = pointops.nearest_neighbor(torch.rand(2, 100, 3), torch.rand(2, 80, 3))
     """
-    return tuple(torch.ops.pointops.nearest_neighbor(x, y, x_lengths, y_lengths))
+    return tuple(torch.ops.pointops.nearest_neighbor(x, y, x_lengths, y_lengths, norm))
 
 
 class ChamferOutput(NamedTuple):
@@ -99,14 +104,15 @@ class ChamferOutput(NamedTuple):
 
 
 def chamfer(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None,
-            y_lengths: Optional[Tensor] = None) -> ChamferOutput:
+            y_lengths: Optional[Tensor] = None, *, norm: int = 2) -> ChamferOutput:
     """Both directions at once: ``dist1, dist2, idx1, idx2`` (the ``chamfer_3DDist`` contract).
 
     ``dist1`` (B, N) / ``idx1`` (B, N): for each point of x, its nearest point of y;
     ``dist2`` (B, M) / ``idx2`` (B, M): for each point of y, its nearest point of x.
-    Squared distances; semantics as :func:`nearest_neighbor`. Differentiable in x and y.
+    Squared distances (L1 with ``norm=1``); semantics as :func:`nearest_neighbor`.
+    Differentiable in x and y.
     """
-    return ChamferOutput(*torch.ops.pointops.chamfer(x, y, x_lengths, y_lengths))
+    return ChamferOutput(*torch.ops.pointops.chamfer(x, y, x_lengths, y_lengths, norm))
 
 
 class ChamferFunction(torch.autograd.Function):
@@ -127,102 +133,9 @@ class ChamferFunction(torch.autograd.Function):
         return _chamfer_grads(x, y, idx1, idx2, grad_dist1, grad_dist2)
 
 
-def _sqrt_zero_grad_at_zero(d: Tensor) -> Tensor:
-    # sqrt'(0) is infinite; a point sitting exactly on its neighbour gets gradient 0 instead of NaN.
-    positive = d > 0
-    return torch.where(positive, torch.where(positive, d, torch.ones_like(d)).sqrt(), d)
-
-
 def _valid_mask(lengths: Tensor, n: int) -> Tensor:
     """(B, n) True where a point index is below its cloud's length (not padding)."""
     return torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
-
-
-def _reduce_points(dist: Tensor, lengths: Optional[Tensor], reduction: str) -> Tensor:
-    """Per-cloud reduction over valid points. Padded entries of dist are 0 already.
-    An empty cloud contributes 0 to "mean", "sum" and "max" (never 0/0)."""
-    B, N = dist.shape
-    if reduction == "sum":
-        return dist.sum(1)
-    if lengths is None:  # the common case: no masks, fewest kernels
-        if N == 0:
-            return dist.sum(1)  # zeros that stay connected to the graph
-        return dist.mean(1) if reduction == "mean" else dist.amax(1)
-    if reduction == "mean":
-        return dist.sum(1) / lengths.clamp(min=1).to(dist.dtype)
-    masked = dist.masked_fill(~_valid_mask(lengths, N), float("-inf"))
-    return torch.where(lengths > 0, masked.amax(1) if N > 0 else dist.new_zeros(B), dist.new_zeros(B))
-
-
-def chamfer_distance(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None, y_lengths: Optional[Tensor] = None,
-                     point_reduction: Optional[str] = "mean", batch_reduction: Optional[str] = "mean",
-                     single_directional: bool = False, squared: bool = True):
-    """Chamfer distance between x (B, N, D) and y (B, M, D), as a differentiable loss.
-
-    loss_b = reduce_i d(x_i, y) + reduce_j d(y_j, x)   (only the first term if single_directional)
-
-    Args:
-        point_reduction: "mean" (over each cloud's valid points), "sum", "max", or None.
-        batch_reduction: "mean" or "sum" over the batch, or None for a (B,) tensor.
-            Must be None when point_reduction is None.
-        squared: True: squared distances (the usual Chamfer loss); False: Euclidean distances
-            (gradient 0 where a point sits exactly on its neighbour).
-
-    Returns:
-        A scalar (or (B,) with batch_reduction=None). With point_reduction=None, the per-point
-        distances ``(dist_x, dist_y)``: (B, N) and (B, M), ``dist_y`` None if single_directional;
-        padded points hold 0.
-
-    Empty clouds: a cloud with no valid points contributes 0 to its own direction (an empty mean
-    is defined as 0, never 0/0 = NaN); the other direction, points searching an empty cloud, is
-    +inf: the distance to an empty set. Both clouds empty: 0.
-    """
-    if point_reduction not in ("mean", "sum", "max", None):
-        raise ValueError(f'point_reduction must be "mean", "sum", "max" or None, got {point_reduction!r}')
-    if batch_reduction not in ("mean", "sum", None):
-        raise ValueError(f'batch_reduction must be "mean", "sum" or None, got {batch_reduction!r}')
-    if point_reduction is None and batch_reduction is not None:
-        raise ValueError("batch_reduction must be None when point_reduction is None")
-    if single_directional:
-        dist_x, _ = nearest_neighbor(x, y, x_lengths, y_lengths)
-        dist_y = None
-    else:
-        dist_x, dist_y, _, _ = chamfer(x, y, x_lengths, y_lengths)
-    if not squared:
-        dist_x = _sqrt_zero_grad_at_zero(dist_x)
-        dist_y = None if dist_y is None else _sqrt_zero_grad_at_zero(dist_y)
-    if point_reduction is None:
-        return dist_x, dist_y
-    loss = _reduce_points(dist_x, x_lengths, point_reduction)
-    if dist_y is not None:
-        loss = loss + _reduce_points(dist_y, y_lengths, point_reduction)
-    if batch_reduction == "mean":
-        return loss.mean() if loss.numel() > 0 else loss.sum()
-    if batch_reduction == "sum":
-        return loss.sum()
-    return loss
-
-
-class ChamferLoss(torch.nn.Module):
-    """:func:`chamfer_distance` as a module: ``ChamferLoss(point_reduction="mean")(x, y)``."""
-
-    def __init__(self, point_reduction: Optional[str] = "mean", batch_reduction: Optional[str] = "mean",
-                 single_directional: bool = False, squared: bool = True):
-        super().__init__()
-        self.point_reduction = point_reduction
-        self.batch_reduction = batch_reduction
-        self.single_directional = single_directional
-        self.squared = squared
-
-    def forward(self, x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None,
-                y_lengths: Optional[Tensor] = None):
-        return chamfer_distance(x, y, x_lengths, y_lengths, point_reduction=self.point_reduction,
-                                batch_reduction=self.batch_reduction,
-                                single_directional=self.single_directional, squared=self.squared)
-
-    def extra_repr(self) -> str:
-        return (f"point_reduction={self.point_reduction!r}, batch_reduction={self.batch_reduction!r}, "
-                f"single_directional={self.single_directional}, squared={self.squared}")
 
 
 def fscore(dist1: Tensor, dist2: Tensor, threshold: float = 1e-3, x_lengths: Optional[Tensor] = None,

@@ -24,12 +24,17 @@ def distance_rtol(dtype, dim):
     return (dim + 2) * accumulate_unit(dtype) + (UNIT[dtype] if dtype in (torch.float16, torch.bfloat16) else 0.0)
 
 
-def reference_nearest(x, y, x_lengths=None, y_lengths=None):
+def pair_distances(x, y, norm=2):
+    """(B, N, M) float64 distances: squared Euclidean (norm=2) or L1 (norm=1)."""
+    diff = x.detach().double().cpu()[:, :, None, :] - y.detach().double().cpu()[:, None, :, :]
+    return (diff**2 if norm == 2 else diff.abs()).sum(-1)
+
+
+def reference_nearest(x, y, x_lengths=None, y_lengths=None, norm=2):
     """float64 brute force on the exact input values: (dist, idx, all pair distances).
     torch.min returns the first minimum, i.e. ties go to the smallest index."""
-    xd, yd = x.detach().double().cpu(), y.detach().double().cpu()
-    B, N, M = xd.shape[0], xd.shape[1], yd.shape[1]
-    pairs = ((xd[:, :, None, :] - yd[:, None, :, :]) ** 2).sum(-1)
+    B, N, M = x.shape[0], x.shape[1], y.shape[1]
+    pairs = pair_distances(x, y, norm)
     if y_lengths is not None:
         pairs = pairs.masked_fill(torch.arange(M)[None, None, :] >= y_lengths.cpu()[:, None, None], math.inf)
     if M > 0:
@@ -44,8 +49,10 @@ def reference_nearest(x, y, x_lengths=None, y_lengths=None):
     return dist, idx, pairs
 
 
-def assert_nearest_correct(dist, idx, x, y, x_lengths=None, y_lengths=None):
-    ref_dist, ref_idx, pairs = reference_nearest(x, y, x_lengths, y_lengths)
+def assert_nearest_correct(dist, idx, x, y, x_lengths=None, y_lengths=None, norm=2):
+    """Rounding bound, for either norm: each |x - y| or (x - y)^2 term and each add is one
+    rounding in the accumulate type, as distance_rtol counts."""
+    ref_dist, ref_idx, pairs = reference_nearest(x, y, x_lengths, y_lengths, norm)
     dim = x.shape[-1]
     rtol = distance_rtol(x.dtype, dim)
     atol = 2.0**-24 if x.dtype == torch.float16 else 0.0  # float16 subnormal spacing
@@ -81,14 +88,37 @@ def test_nearest_neighbor_matches_oracle(device, dtype, dim):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, 2, 3, 5])
+def test_l1_nearest_neighbor_matches_oracle(device, dtype, dim):
+    x, y = random_clouds(3, 37, 53, dim, dtype, device, seed=dim + 40)
+    dist, idx = pointops.nearest_neighbor(x, y, norm=1)
+    assert_nearest_correct(dist, idx, x, y, norm=1)
+    dist1, dist2, idx1, idx2 = pointops.chamfer(x, y, norm=1)
+    assert torch.equal(dist1, dist) and torch.equal(idx1, idx)
+    assert_nearest_correct(dist2, idx2, y, x, norm=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_l1_and_l2_pick_different_neighbours(device):
+    # From the origin, (2, 0) has L2^2 4 and L1 2; (1.2, 1.2) has L2^2 2.88 and L1 2.4.
+    x = torch.zeros(1, 1, 2, device=device)
+    y = torch.tensor([[[2.0, 0.0], [1.2, 1.2]]], device=device)
+    assert pointops.nearest_neighbor(x, y)[1].item() == 1
+    assert pointops.nearest_neighbor(x, y, norm=1)[1].item() == 0
+    assert pointops.nearest_neighbor(x, y, norm=1)[0].item() == 2.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm", [1, 2])
 @pytest.mark.parametrize("dim", [2, 3, 7])
-def test_many_tiles_and_splits(device, dim):
+def test_many_tiles_and_splits(device, dim, norm):
     # Several shared-memory tiles, reference splits and query chunks on CUDA; a partial last tile.
     x, y = random_clouds(2, 2500, 1700, dim, torch.float32, device, seed=11)
-    dist, idx = pointops.nearest_neighbor(x, y)
-    assert_nearest_correct(dist, idx, x, y)
-    dist2, idx2 = pointops.nearest_neighbor(y, x)
-    assert_nearest_correct(dist2, idx2, y, x)
+    dist, idx = pointops.nearest_neighbor(x, y, norm=norm)
+    assert_nearest_correct(dist, idx, x, y, norm=norm)
+    dist2, idx2 = pointops.nearest_neighbor(y, x, norm=norm)
+    assert_nearest_correct(dist2, idx2, y, x, norm=norm)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -143,6 +173,18 @@ def test_lidar_scale_accuracy(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_l1_ties_go_to_smallest_index(device, dtype):
+    # Integer lattice: L1 distances are exact small integers, so ties are real ties.
+    g = torch.Generator().manual_seed(12)
+    x = torch.randint(-3, 4, (2, 300, 3), generator=g).to(dtype).to(device)
+    y = torch.randint(-3, 4, (2, 700, 3), generator=g).to(dtype).to(device)
+    dist, idx = pointops.nearest_neighbor(x, y, norm=1)
+    ref_dist, ref_idx, _ = reference_nearest(x, y, norm=1)
+    assert torch.equal(idx.cpu(), ref_idx) and torch.equal(dist.cpu().double(), ref_dist)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_ties_go_to_smallest_index(device, dtype):
     # Small integers: every distance is exact in every dtype, so ties are real ties.
     x = torch.tensor([[[0.0, 0.0, 0.0], [2.0, 2.0, 0.0]]], dtype=dtype, device=device)
@@ -190,23 +232,13 @@ def test_empty_inputs(device):
     assert dist1.shape == (0, 5) and dist2.shape == (0, 4)
     dist1, dist2, idx1, idx2 = pointops.chamfer(empty_x, y)
     assert dist1.shape == (2, 0) and torch.isinf(dist2).all() and (idx2 == -1).all()
-    # Losses: both empty -> 0, never NaN; one side empty -> +inf (distance to an empty set).
-    both = pointops.chamfer_distance(empty_x, y[:, :0])
-    assert both.item() == 0
-    one = pointops.chamfer_distance(empty_x, y)
-    assert torch.isinf(one) and not torch.isnan(one)
-    lengths = pointops.chamfer_distance(x, y, torch.tensor([0, 0], device=device), torch.tensor([0, 0], device=device))
-    assert lengths.item() == 0
-    for reduction in ("mean", "sum", "max"):
-        value = pointops.chamfer_distance(x, y, torch.tensor([0, 5], device=device),
-                                          torch.tensor([0, 4], device=device), point_reduction=reduction,
-                                          batch_reduction=None)
-        assert value[0].item() == 0 and torch.isfinite(value[1])
+    for norm in (1, 2):
+        dist, idx = pointops.nearest_neighbor(x, y[:, :0], norm=norm)
+        assert torch.isinf(dist).all() and (idx == -1).all()
     x.requires_grad_()
-    loss = pointops.chamfer_distance(x[:, :0], y[:, :0])
-    loss.backward()
+    dist1, dist2, _, _ = pointops.chamfer(x[:, :0], y)
+    (dist1.sum() + dist2[torch.isfinite(dist2)].sum()).backward()
     assert (x.grad == 0).all()
-    assert pointops.chamfer_distance(x[:0], y[:0]).item() == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -230,28 +262,30 @@ def test_non_contiguous_inputs(device):
 
 
 # ---------------------------------------------------------------- gradients
-def reference_chamfer_grads(x, y, idx1, idx2, g1, g2):
-    """Gradients of sum(g1 * |x - y[idx1]|^2) + sum(g2 * |y - x[idx2]|^2) by torch autograd."""
+def reference_chamfer_grads(x, y, idx1, idx2, g1, g2, norm=2):
+    """Gradients of sum(g1 * d(x, y[idx1])) + sum(g2 * d(y, x[idx2])) by torch autograd, d the
+    squared L2 or the L1 distance (torch's abs has derivative sign, 0 at 0, as pointops')."""
     xr = x.detach().double().cpu().requires_grad_()
     yr = y.detach().double().cpu().requires_grad_()
     i1, i2 = idx1.cpu(), idx2.cpu()
     def term(a, b, idx, g):
         gathered = b.gather(1, idx.clamp(min=0)[..., None].expand(-1, -1, a.shape[-1]))
-        d = ((a - gathered) ** 2).sum(-1)
+        d = ((a - gathered) ** 2 if norm == 2 else (a - gathered).abs()).sum(-1)
         return (g.double().cpu() * torch.where(idx >= 0, d, torch.zeros_like(d))).sum()
     (term(xr, yr, i1, g1) + term(yr, xr, i2, g2)).backward()
     return xr.grad, yr.grad
 
 
-def gradient_error_bound(x, y, idx1, idx2, g1, g2):
-    """Per-element bound on |computed - exact| gradient: every contribution 2 g (a - b) is
-    computed in the accumulate type; each reference point sums up to k of them there ((k + 3)
+def gradient_error_bound(x, y, idx1, idx2, g1, g2, norm=2):
+    """Per-element bound on |computed - exact| gradient: every contribution 2 g (a - b) (L1:
+    g sign(a - b)) is computed in the accumulate type; each reference point sums up to k of them there ((k + 3)
     roundings, relative to the sum of their magnitudes); each direction is rounded once to the
     output dtype and the two directions are added in it (3 roundings of the output dtype)."""
     xd, yd = x.detach().double().cpu(), y.detach().double().cpu()
     def magnitudes(a, b, idx, g):
         gathered = b.gather(1, idx.clamp(min=0)[..., None].expand(-1, -1, a.shape[-1]))
-        m = 2 * g.detach().double().cpu()[..., None].abs() * (a - gathered).abs() * (idx >= 0)[..., None]
+        slope = 2 * (a - gathered).abs() if norm == 2 else torch.ones_like(a)
+        m = g.detach().double().cpu()[..., None].abs() * slope * (idx >= 0)[..., None]
         scattered = torch.zeros_like(b).scatter_add_(1, idx.clamp(min=0)[..., None].expand_as(m), m)
         k = max(int(torch.bincount(row[row >= 0], minlength=1).max()) for row in idx) if idx.numel() else 0
         return m, scattered, k
@@ -264,17 +298,18 @@ def gradient_error_bound(x, y, idx1, idx2, g1, g2):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_backward_matches_autograd_of_gather(device, dtype):
+@pytest.mark.parametrize("norm", [1, 2])
+def test_backward_matches_autograd_of_gather(device, dtype, norm):
     x, y = random_clouds(2, 300, 200, 3, dtype, device, seed=21)
     x.requires_grad_()
     y.requires_grad_()
     x_lengths = torch.tensor([300, 150], device=device)
-    dist1, dist2, idx1, idx2 = pointops.chamfer(x, y, x_lengths)
+    dist1, dist2, idx1, idx2 = pointops.chamfer(x, y, x_lengths, norm=norm)
     g1 = torch.rand_like(dist1)
     g2 = torch.rand_like(dist2)
     ((dist1 * g1).sum() + (dist2 * g2).sum()).backward()
-    ref_x, ref_y = reference_chamfer_grads(x, y, idx1, idx2, g1, g2)
-    bound_x, bound_y = gradient_error_bound(x, y, idx1, idx2, g1, g2)
+    ref_x, ref_y = reference_chamfer_grads(x, y, idx1, idx2, g1, g2, norm)
+    bound_x, bound_y = gradient_error_bound(x, y, idx1, idx2, g1, g2, norm)
     assert ((x.grad.double().cpu() - ref_x).abs() <= bound_x).all()
     assert ((y.grad.double().cpu() - ref_y).abs() <= bound_y).all()
     assert (x.grad[1, 150:] == 0).all()  # padding gets no gradient
@@ -287,13 +322,11 @@ def test_gradcheck(device):
     y.requires_grad_()
     x_lengths = torch.tensor([9, 4], device=device)
     y_lengths = torch.tensor([5, 7], device=device)
-    assert torch.autograd.gradcheck(lambda a, b: pointops.nearest_neighbor(a, b, x_lengths, y_lengths)[0], (x, y))
-    assert torch.autograd.gradcheck(lambda a, b: pointops.chamfer(a, b, x_lengths, y_lengths)[:2], (x, y))
-    for reduction in ("mean", "sum", "max"):
-        for squared in (True, False):
-            assert torch.autograd.gradcheck(
-                lambda a, b: pointops.chamfer_distance(a, b, x_lengths, y_lengths, point_reduction=reduction,
-                                                       batch_reduction=None, squared=squared), (x, y))
+    for norm in (1, 2):  # random points: no coordinate difference within gradcheck's eps of 0
+        assert torch.autograd.gradcheck(
+            lambda a, b: pointops.nearest_neighbor(a, b, x_lengths, y_lengths, norm=norm)[0], (x, y))
+        assert torch.autograd.gradcheck(
+            lambda a, b: pointops.chamfer(a, b, x_lengths, y_lengths, norm=norm)[:2], (x, y))
     assert torch.autograd.gradcheck(lambda a, b: pointops.ChamferFunction.apply(a, b)[:2], (x, y))
 
 
@@ -307,11 +340,11 @@ def test_backward_is_deterministic_under_deterministic_mode(device):
     with DeterministicMode():
         for _ in range(2):
             x.grad = y.grad = None
-            pointops.chamfer_distance(x, y).backward()
+            pointops.chamfer_distance(x, y)[0].backward()
             grads.append((x.grad.clone(), y.grad.clone()))
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
     x.grad = y.grad = None
-    pointops.chamfer_distance(x, y).backward()  # the default (atomics on CUDA) path agrees to rounding
+    pointops.chamfer_distance(x, y)[0].backward()  # the default (atomics on CUDA) path agrees to rounding
     torch.testing.assert_close(y.grad, grads[0][1], rtol=1e-4, atol=1e-7)
 
 
@@ -324,60 +357,7 @@ class DeterministicMode:
         torch.use_deterministic_algorithms(self.previous)
 
 
-# ---------------------------------------------------------------- losses
-def reference_loss(x, y, xl, yl, point_reduction, batch_reduction, single, squared):
-    d1, _, _ = reference_nearest(x, y, xl, yl)
-    d2, _, _ = reference_nearest(y, x, yl, xl)
-    if not squared:
-        d1, d2 = d1.sqrt(), d2.sqrt()
-    def reduce(d, lengths):
-        out = []
-        for b in range(d.shape[0]):
-            v = d[b, : int(lengths[b])]
-            if v.numel() == 0:
-                out.append(torch.tensor(0.0, dtype=torch.float64))
-            else:
-                out.append({"mean": v.mean(), "sum": v.sum(), "max": v.max()}[point_reduction])
-        return torch.stack(out)
-    loss = reduce(d1, xl)
-    if not single:
-        loss = loss + reduce(d2, yl)
-    return {"mean": loss.mean(), "sum": loss.sum(), None: loss}[batch_reduction]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("point_reduction", ["mean", "sum", "max"])
-@pytest.mark.parametrize("batch_reduction", ["mean", "sum", None])
-@pytest.mark.parametrize("single", [False, True])
-@pytest.mark.parametrize("squared", [True, False])
-def test_chamfer_distance_reductions(device, point_reduction, batch_reduction, single, squared):
-    x, y = random_clouds(3, 25, 18, 3, torch.float64, device, seed=13)
-    xl = torch.tensor([25, 10, 1], device=device)
-    yl = torch.tensor([18, 18, 3], device=device)
-    got = pointops.chamfer_distance(x, y, xl, yl, point_reduction=point_reduction,
-                                    batch_reduction=batch_reduction, single_directional=single, squared=squared)
-    want = reference_loss(x, y, xl.cpu(), yl.cpu(), point_reduction, batch_reduction, single, squared)
-    torch.testing.assert_close(got.cpu(), want, rtol=1e-12, atol=0)
-    module = pointops.ChamferLoss(point_reduction, batch_reduction, single, squared)
-    torch.testing.assert_close(module(x, y, xl, yl), got, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_chamfer_distance_per_point_and_bad_arguments(device):
-    x, y = random_clouds(2, 6, 4, 3, torch.float32, device)
-    dx, dy = pointops.chamfer_distance(x, y, point_reduction=None, batch_reduction=None)
-    d1, d2, _, _ = pointops.chamfer(x, y)
-    assert torch.equal(dx, d1) and torch.equal(dy, d2)
-    dx, dy = pointops.chamfer_distance(x, y, point_reduction=None, batch_reduction=None, single_directional=True)
-    assert dy is None
-    with pytest.raises(ValueError, match="point_reduction must be"):
-        pointops.chamfer_distance(x, y, point_reduction="median")
-    with pytest.raises(ValueError, match="batch_reduction must be"):
-        pointops.chamfer_distance(x, y, batch_reduction="max")
-    with pytest.raises(ValueError, match="batch_reduction must be None when point_reduction is None"):
-        pointops.chamfer_distance(x, y, point_reduction=None)
-
-
+# ---------------------------------------------------------------- fscore
 def test_fscore():
     dist1 = torch.tensor([[0.0, 0.5, 2.0, 0.0], [3.0, 3.0, 3.0, 3.0]])
     dist2 = torch.tensor([[0.1, 5.0, 0.0], [0.0, 0.0, 0.0]])
@@ -432,6 +412,12 @@ def test_error_messages(device):
     with pytest.raises(RuntimeError, match=r"grad_dist must have shape \(B, N\)"):
         torch.ops.pointops._nearest_neighbor_backward(torch.zeros(2, 4, device=device), x, y,
                                                       torch.zeros(2, 5, dtype=torch.long, device=device))
+    for bad in (0, 3, -2):
+        with pytest.raises(RuntimeError, match=rf"norm must be 1 \(L1 distance\) or 2 \(squared Euclidean distance\), got {bad}"):
+            nn(x, y, norm=bad)
+        with pytest.raises(RuntimeError, match="norm must be 1"):
+            torch.ops.pointops._nearest_neighbor_backward(torch.zeros(2, 5, device=device), x, y,
+                                                          torch.zeros(2, 5, dtype=torch.long, device=device), bad)
     with pytest.raises(RuntimeError, match="idx must be int64"):
         torch.ops.pointops._nearest_neighbor_backward(torch.zeros(2, 5, device=device), x, y,
                                                       torch.zeros(2, 5, dtype=torch.int32, device=device))
@@ -450,19 +436,20 @@ def test_error_different_devices():
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim", [2, 3, 4])
-def test_cuda_matches_cpu(dtype, dim):
+@pytest.mark.parametrize("norm", [1, 2])
+def test_cuda_matches_cpu(dtype, dim, norm):
     x, y = random_clouds(4, 3000, 2000, dim, dtype, "cpu", seed=31)
     lengths_x = torch.tensor([3000, 1, 2999, 1024])
     lengths_y = torch.tensor([2000, 257, 1, 0])
-    cpu = pointops.chamfer(x, y, lengths_x, lengths_y)
-    gpu = pointops.chamfer(x.cuda(), y.cuda(), lengths_x.cuda(), lengths_y.cuda())
+    cpu = pointops.chamfer(x, y, lengths_x, lengths_y, norm=norm)
+    gpu = pointops.chamfer(x.cuda(), y.cuda(), lengths_x.cuda(), lengths_y.cuda(), norm=norm)
     # Same inputs, same operation order; the device fuses multiply-adds, so distances may differ
     # in the last bit (one rounding per coordinate), and indices only between such near-ties.
     rtol = distance_rtol(dtype, dim)
     for c, g in zip(cpu[:2], gpu[:2]):
         torch.testing.assert_close(g.cpu(), c, rtol=rtol, atol=0, equal_nan=True)
-    assert_nearest_correct(gpu[0], gpu[2], x, y, lengths_x, lengths_y)
-    assert_nearest_correct(gpu[1], gpu[3], y, x, lengths_y, lengths_x)
+    assert_nearest_correct(gpu[0], gpu[2], x, y, lengths_x, lengths_y, norm=norm)
+    assert_nearest_correct(gpu[1], gpu[3], y, x, lengths_y, lengths_x, norm=norm)
     assert (gpu[2].cpu() == cpu[2]).float().mean() > 0.999
 
 
@@ -506,9 +493,12 @@ def test_opcheck(device):
         torch.library.opcheck(torch.ops.pointops.nearest_neighbor.default, (a, b, None, None))
         torch.library.opcheck(torch.ops.pointops.nearest_neighbor.default, (a, b, *lengths))
         torch.library.opcheck(torch.ops.pointops.chamfer.default, (a, b, *lengths))
-    _, idx = pointops.nearest_neighbor(x, y)
-    torch.library.opcheck(torch.ops.pointops._nearest_neighbor_backward.default,
-                          (torch.rand(2, 17, device=device), x, y, idx))
+        torch.library.opcheck(torch.ops.pointops.nearest_neighbor.default, (a, b, *lengths, 1))
+        torch.library.opcheck(torch.ops.pointops.chamfer.default, (a, b, *lengths, 1))
+    for norm in (1, 2):
+        _, idx = pointops.nearest_neighbor(x, y, norm=norm)
+        torch.library.opcheck(torch.ops.pointops._nearest_neighbor_backward.default,
+                              (torch.rand(2, 17, device=device), x, y, idx, norm))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -519,7 +509,9 @@ def test_compile_fullgraph_matches_eager(device):
     def loss_fn(a, b):
         dist1, dist2, _, _ = pointops.chamfer(a, b)
         nn_dist, _ = pointops.nearest_neighbor(a, b)
-        return pointops.chamfer_distance(a, b, squared=False) + dist1.mean() + dist2.max() + nn_dist.sum()
+        l1_dist, _ = pointops.nearest_neighbor(a, b, norm=1)
+        return (pointops.chamfer_distance(a, b, squared=False)[0] + dist1.mean() + dist2.max() + nn_dist.sum()
+                + l1_dist.mean())
 
     compiled = torch.compile(loss_fn, fullgraph=True)
     grads = []
@@ -540,7 +532,7 @@ def test_compile_fullgraph_training_step(device):
     x, y = random_clouds(2, 64, 48, 3, torch.float32, device, seed=5)
 
     def step(a, b):
-        loss = pointops.chamfer_distance(a, b)
+        loss, _ = pointops.chamfer_distance(a, b)
         loss.backward()
         return loss.detach()
 

@@ -15,47 +15,53 @@ using torch::autograd::variable_list;
 using OptionalTensor = c10::optional<at::Tensor>;
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_op(const at::Tensor& grad_dist, const at::Tensor& x,
-                                                                const at::Tensor& y, const at::Tensor& idx) {
+                                                                const at::Tensor& y, const at::Tensor& idx,
+                                                                int64_t norm) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("pointops::_nearest_neighbor_backward", "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                 const at::Tensor&, const at::Tensor&)>();
-  return op.call(grad_dist.contiguous(), x, y, idx);
+                                                                 const at::Tensor&, const at::Tensor&, int64_t)>();
+  return op.call(grad_dist.contiguous(), x, y, idx, norm);
 }
 
 class NearestNeighborFunction : public torch::autograd::Function<NearestNeighborFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
-                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths) {
+                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths, int64_t norm) {
     at::AutoDispatchBelowADInplaceOrView guard;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pointops::nearest_neighbor", "")
                          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                   const OptionalTensor&, const OptionalTensor&)>();
-    auto [dist, idx] = op.call(x, y, x_lengths, y_lengths);
+                                                                   const OptionalTensor&, const OptionalTensor&,
+                                                                   int64_t)>();
+    auto [dist, idx] = op.call(x, y, x_lengths, y_lengths, norm);
     ctx->save_for_backward({x, y, idx});
+    ctx->saved_data["norm"] = norm;
     ctx->mark_non_differentiable({idx});
     return {dist, idx};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    auto [grad_x, grad_y] = nearest_neighbor_backward_op(grads[0], saved[0], saved[1], saved[2]);
-    return {grad_x, grad_y, at::Tensor(), at::Tensor()};
+    auto [grad_x, grad_y] =
+        nearest_neighbor_backward_op(grads[0], saved[0], saved[1], saved[2], ctx->saved_data["norm"].toInt());
+    return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 class ChamferFunction : public torch::autograd::Function<ChamferFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
-                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths) {
+                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths, int64_t norm) {
     at::AutoDispatchBelowADInplaceOrView guard;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pointops::chamfer", "")
                          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                             const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&)>();
-    auto [dist1, dist2, idx1, idx2] = op.call(x, y, x_lengths, y_lengths);
+                             const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
+                             int64_t)>();
+    auto [dist1, dist2, idx1, idx2] = op.call(x, y, x_lengths, y_lengths, norm);
     ctx->save_for_backward({x, y, idx1, idx2});
+    ctx->saved_data["norm"] = norm;
     ctx->mark_non_differentiable({idx1, idx2});
     return {dist1, dist2, idx1, idx2};
   }
@@ -64,23 +70,25 @@ class ChamferFunction : public torch::autograd::Function<ChamferFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &y = saved[1], &idx1 = saved[2], &idx2 = saved[3];
-    auto [grad_x1, grad_y1] = nearest_neighbor_backward_op(grads[0], x, y, idx1);
-    auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grads[1], y, x, idx2);
-    return {grad_x1.add_(grad_x2), grad_y1.add_(grad_y2), at::Tensor(), at::Tensor()};
+    const int64_t norm = ctx->saved_data["norm"].toInt();
+    auto [grad_x1, grad_y1] = nearest_neighbor_backward_op(grads[0], x, y, idx1, norm);
+    auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grads[1], y, x, idx2, norm);
+    return {grad_x1.add_(grad_x2), grad_y1.add_(grad_y2), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_autograd(const at::Tensor& x, const at::Tensor& y,
                                                              const OptionalTensor& x_lengths,
-                                                             const OptionalTensor& y_lengths) {
-  auto out = NearestNeighborFunction::apply(x, y, x_lengths, y_lengths);
+                                                             const OptionalTensor& y_lengths, int64_t norm) {
+  auto out = NearestNeighborFunction::apply(x, y, x_lengths, y_lengths, norm);
   return {out[0], out[1]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_autograd(const at::Tensor& x, const at::Tensor& y,
                                                                             const OptionalTensor& x_lengths,
-                                                                            const OptionalTensor& y_lengths) {
-  auto out = ChamferFunction::apply(x, y, x_lengths, y_lengths);
+                                                                            const OptionalTensor& y_lengths,
+                                                                            int64_t norm) {
+  auto out = ChamferFunction::apply(x, y, x_lengths, y_lengths, norm);
   return {out[0], out[1], out[2], out[3]};
 }
 

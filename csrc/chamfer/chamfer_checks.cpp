@@ -67,6 +67,11 @@ void check_nearest_neighbor_backward_inputs(const at::Tensor& grad_dist, const a
   check_same_device(idx, x, "idx", "x");
 }
 
+Metric metric_from_norm(int64_t norm) {
+  TORCH_CHECK(norm == 1 || norm == 2, "norm must be 1 (L1 distance) or 2 (squared Euclidean distance), got ", norm);
+  return static_cast<Metric>(norm);
+}
+
 std::tuple<at::Tensor, at::Tensor> matched_queries_by_reference(const at::Tensor& idx, int64_t M) {
   const int64_t B = idx.size(0), N = idx.size(1);
   const auto batch_base = at::arange(B, idx.options()).mul_(M).unsqueeze(1);

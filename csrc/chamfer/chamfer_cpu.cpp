@@ -18,16 +18,16 @@ constexpr int64_t kQueryBlock = 32;  // queries held while a reference tile is h
 constexpr int64_t kRefTile = 1024;   // reference points converted to acc_t per tile
 
 // D > 0: the dimension is a compile-time constant; D == 0: it is `dim`, known at run time.
-template <int D, typename acc_t>
+template <int D, Metric metric, typename acc_t>
 inline acc_t distance(const acc_t* q, const acc_t* r, int64_t dim) {
   if constexpr (D > 0) {
-    return squared_distance<D>(q, r);
+    return point_distance<D, metric>(q, r);
   } else {
-    return squared_distance_dynamic(q, r, dim);
+    return point_distance_dynamic<metric>(q, r, dim);
   }
 }
 
-template <int D, typename scalar_t>
+template <int D, Metric metric, typename scalar_t>
 void nearest_neighbor_cpu_kernel(const scalar_t* x, const scalar_t* y, const int64_t* x_lengths,
                                  const int64_t* y_lengths, int64_t B, int64_t N, int64_t M,
                                  int64_t dim, scalar_t* dist, int64_t* idx) {
@@ -63,7 +63,7 @@ void nearest_neighbor_cpu_kernel(const scalar_t* x, const scalar_t* y, const int
           acc_t bq = best[q];
           int64_t bi = best_idx[q];
           for (int64_t j = 0; j < nr; ++j) {
-            const acc_t d = distance<D>(qp, refs.data() + j * dim, dim);
+            const acc_t d = distance<D, metric>(qp, refs.data() + j * dim, dim);
             // Strict '<' in increasing j: ties keep the smallest index; NaN never wins.
             if (d < bq) {
               bq = d;
@@ -86,7 +86,8 @@ void nearest_neighbor_cpu_kernel(const scalar_t* x, const scalar_t* y, const int
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cpu(const at::Tensor& x,
                                                                   const at::Tensor& y,
                                                                   const at::Tensor& x_lengths,
-                                                                  const at::Tensor& y_lengths) {
+                                                                  const at::Tensor& y_lengths,
+                                                                  Metric metric) {
   const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
   auto dist = at::empty({B, N}, x.options());
   auto idx = at::empty({B, N}, x.options().dtype(at::kLong));
@@ -96,42 +97,47 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cpu(const at::Tens
   const int64_t* xl = x_lengths.defined() ? x_lengths.data_ptr<int64_t>() : nullptr;
   const int64_t* yl = y_lengths.defined() ? y_lengths.data_ptr<int64_t>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "nearest_neighbor_cpu", [&] {
-    auto run = [&](auto dim_tag) {
-      nearest_neighbor_cpu_kernel<decltype(dim_tag)::value, scalar_t>(
-          x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(), xl, yl, B, N, M, dim,
-          dist.data_ptr<scalar_t>(), idx.data_ptr<int64_t>());
-    };
-    if (dim == 2) {
-      run(std::integral_constant<int, 2>{});
-    } else if (dim == 3) {
-      run(std::integral_constant<int, 3>{});
-    } else {
-      run(std::integral_constant<int, 0>{});
-    }
+    dispatch_metric(metric, [&](auto metric_tag) {
+      auto run = [&](auto dim_tag) {
+        nearest_neighbor_cpu_kernel<decltype(dim_tag)::value, decltype(metric_tag)::value, scalar_t>(
+            x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(), xl, yl, B, N, M, dim,
+            dist.data_ptr<scalar_t>(), idx.data_ptr<int64_t>());
+      };
+      if (dim == 2) {
+        run(std::integral_constant<int, 2>{});
+      } else if (dim == 3) {
+        run(std::integral_constant<int, 3>{});
+      } else {
+        run(std::integral_constant<int, 0>{});
+      }
+    });
   });
   return {dist, idx};
 }
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cpu(const at::Tensor& x, const at::Tensor& y,
                                                         const c10::optional<at::Tensor>& x_lengths,
-                                                        const c10::optional<at::Tensor>& y_lengths) {
+                                                        const c10::optional<at::Tensor>& y_lengths,
+                                                        int64_t norm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
-  return nearest_neighbor_direction_cpu(x, y, x_len, y_len);
+  return nearest_neighbor_direction_cpu(x, y, x_len, y_len, metric_from_norm(norm));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cpu(
     const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& x_lengths,
-    const c10::optional<at::Tensor>& y_lengths) {
+    const c10::optional<at::Tensor>& y_lengths, int64_t norm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
-  auto [dist1, idx1] = nearest_neighbor_direction_cpu(x, y, x_len, y_len);
-  auto [dist2, idx2] = nearest_neighbor_direction_cpu(y, x, y_len, x_len);
+  const Metric metric = metric_from_norm(norm);
+  auto [dist1, idx1] = nearest_neighbor_direction_cpu(x, y, x_len, y_len, metric);
+  auto [dist2, idx2] = nearest_neighbor_direction_cpu(y, x, y_len, x_len, metric);
   return {dist1, dist2, idx1, idx2};
 }
 
-// d/dx |x - y[idx]|^2 = 2 (x - y[idx]); the matched reference point gets the negative. The
-// reference gradient is gathered per reference point over its matched queries in increasing
-// query order (matched_queries_by_reference), so it is deterministic and thread-parallel.
-template <typename scalar_t>
+// d/dx |x - y[idx]|^2 = 2 (x - y[idx]) (L1: sign(x - y[idx])); the matched reference point gets
+// the negative. The reference gradient is gathered per reference point over its matched queries
+// in increasing query order (matched_queries_by_reference), so it is deterministic and
+// thread-parallel.
+template <Metric metric, typename scalar_t>
 void nearest_neighbor_backward_cpu_kernel(const scalar_t* grad_dist, const scalar_t* x,
                                           const scalar_t* y, const int64_t* idx,
                                           const int64_t* order, const int64_t* offsets, int64_t B,
@@ -141,11 +147,11 @@ void nearest_neighbor_backward_cpu_kernel(const scalar_t* grad_dist, const scala
   at::parallel_for(0, B * N, 256, [&](int64_t begin, int64_t end) {
     for (int64_t q = begin; q < end; ++q) {
       const int64_t j = idx[q];
-      const acc_t g2 = acc_t(2) * static_cast<acc_t>(grad_dist[q]);
+      const acc_t g = static_cast<acc_t>(grad_dist[q]);
       const scalar_t* yr = y + ((q / N) * M + std::max<int64_t>(j, 0)) * dim;
       for (int64_t k = 0; k < dim; ++k) {
         const acc_t diff = static_cast<acc_t>(x[q * dim + k]) - static_cast<acc_t>(yr[k]);
-        grad_x[q * dim + k] = static_cast<scalar_t>(j >= 0 ? g2 * diff : acc_t(0));
+        grad_x[q * dim + k] = static_cast<scalar_t>(j >= 0 ? g * distance_derivative<metric>(diff) : acc_t(0));
       }
     }
   });
@@ -155,9 +161,10 @@ void nearest_neighbor_backward_cpu_kernel(const scalar_t* grad_dist, const scala
       std::fill(acc.begin(), acc.end(), acc_t(0));
       for (int64_t t = offsets[r]; t < offsets[r + 1]; ++t) {
         const int64_t q = order[t];
-        const acc_t g2 = acc_t(2) * static_cast<acc_t>(grad_dist[q]);
+        const acc_t g = static_cast<acc_t>(grad_dist[q]);
         for (int64_t k = 0; k < dim; ++k) {
-          acc[k] -= g2 * (static_cast<acc_t>(x[q * dim + k]) - static_cast<acc_t>(y[r * dim + k]));
+          acc[k] -= g * distance_derivative<metric>(static_cast<acc_t>(x[q * dim + k]) -
+                                                    static_cast<acc_t>(y[r * dim + k]));
         }
       }
       for (int64_t k = 0; k < dim; ++k) grad_y[r * dim + k] = static_cast<scalar_t>(acc[k]);
@@ -168,8 +175,9 @@ void nearest_neighbor_backward_cpu_kernel(const scalar_t* grad_dist, const scala
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cpu(const at::Tensor& grad_dist,
                                                                  const at::Tensor& x,
                                                                  const at::Tensor& y,
-                                                                 const at::Tensor& idx) {
+                                                                 const at::Tensor& idx, int64_t norm) {
   check_nearest_neighbor_backward_inputs(grad_dist, x, y, idx);
+  const Metric metric = metric_from_norm(norm);
   const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
   auto grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
   auto grad_y = at::empty_like(y, at::MemoryFormat::Contiguous);
@@ -184,10 +192,12 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cpu(const at::Tenso
   const auto idx_contig = idx.contiguous();
   const auto [order, offsets] = matched_queries_by_reference(idx_contig, M);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "nearest_neighbor_backward_cpu", [&] {
-    nearest_neighbor_backward_cpu_kernel<scalar_t>(
-        grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
-        idx_contig.data_ptr<int64_t>(), order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), B, N,
-        M, dim, grad_x.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>());
+    dispatch_metric(metric, [&](auto metric_tag) {
+      nearest_neighbor_backward_cpu_kernel<decltype(metric_tag)::value, scalar_t>(
+          grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
+          idx_contig.data_ptr<int64_t>(), order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), B, N,
+          M, dim, grad_x.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>());
+    });
   });
   return {grad_x, grad_y};
 }

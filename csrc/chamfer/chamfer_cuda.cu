@@ -90,7 +90,7 @@ __device__ inline bool search_range(const Dir& dir, const BlockCoordinates& wher
   return range.q_base < range.n_valid;
 }
 
-template <typename scalar_t, int D>
+template <typename scalar_t, int D, Metric metric>
 __global__ void __launch_bounds__(kThreads)
 nearest_neighbor_partial_kernel(Direction<scalar_t, at::opmath_type<scalar_t>> first,
                                 Direction<scalar_t, at::opmath_type<scalar_t>> second,
@@ -144,9 +144,9 @@ nearest_neighbor_partial_kernel(Direction<scalar_t, at::opmath_type<scalar_t>> f
       for (int u = 0; u < kGroup; ++u) r[u] = tile[g * kGroup + u];
 #pragma unroll
       for (int k = 0; k < Q; ++k) {
-        acc_t m = squared_distance<D>(q[k], r[0].c);
+        acc_t m = point_distance<D, metric>(q[k], r[0].c);
 #pragma unroll
-        for (int u = 1; u < kGroup; ++u) m = ::fmin(m, squared_distance<D>(q[k], r[u].c));  // fmin drops NaN
+        for (int u = 1; u < kGroup; ++u) m = ::fmin(m, point_distance<D, metric>(q[k], r[u].c));  // fmin drops NaN
         if (m < best[k]) {  // strict: an equal later group never replaces an earlier one
           best[k] = m;
           best_group[k] = group;
@@ -168,7 +168,7 @@ nearest_neighbor_partial_kernel(Direction<scalar_t, at::opmath_type<scalar_t>> f
         acc_t r[D];
 #pragma unroll
         for (int c = 0; c < D; ++c) r[c] = static_cast<acc_t>(refs[j * D + c]);
-        if (squared_distance<D>(q[k], r) == best[k]) found = static_cast<int32_t>(j);
+        if (point_distance<D, metric>(q[k], r) == best[k]) found = static_cast<int32_t>(j);
       }
     }
     const int64_t out = (static_cast<int64_t>(blockIdx.y) * batch_size + b) * N + i;
@@ -179,7 +179,7 @@ nearest_neighbor_partial_kernel(Direction<scalar_t, at::opmath_type<scalar_t>> f
 
 // Any dimension: one query per thread, read from global memory (cached), reference tiles of
 // `tile_points` points in dynamic shared memory. Plain index tracking: D > 3 is not the hot path.
-template <typename scalar_t>
+template <typename scalar_t, Metric metric>
 __global__ void __launch_bounds__(kThreads)
 nearest_neighbor_partial_generic_kernel(Direction<scalar_t, at::opmath_type<scalar_t>> first,
                                         Direction<scalar_t, at::opmath_type<scalar_t>> second,
@@ -209,9 +209,10 @@ nearest_neighbor_partial_generic_kernel(Direction<scalar_t, at::opmath_type<scal
     }
     __syncthreads();
     for (int64_t t = 0; t < count; ++t) {
-      acc_t diff = static_cast<acc_t>(query[0]) - tile[t * dim];
-      acc_t d = diff * diff;
-      for (int64_t c = 1; c < dim; ++c) d = add_square(static_cast<acc_t>(query[c]) - tile[t * dim + c], d);
+      acc_t d = coordinate_term<metric>(static_cast<acc_t>(query[0]) - tile[t * dim]);
+      for (int64_t c = 1; c < dim; ++c) {
+        d = add_coordinate_term<metric>(static_cast<acc_t>(query[c]) - tile[t * dim + c], d);
+      }
       if (d < best) {
         best = d;
         best_idx = static_cast<int32_t>(tile_begin + t);
@@ -292,7 +293,7 @@ Direction<scalar_t, at::opmath_type<scalar_t>> make_direction(DirectionTensors& 
 }
 
 // Runs one or two directions (chamfer) with one search launch, then one finalize per direction.
-void nearest_neighbor_cuda_impl(DirectionTensors* dirs, int num_dirs) {
+void nearest_neighbor_cuda_impl(DirectionTensors* dirs, int num_dirs, Metric metric) {
   const at::Tensor& x = dirs[0].queries;
   const int64_t B = x.size(0), dim = x.size(2);
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -335,16 +336,20 @@ void nearest_neighbor_cuda_impl(DirectionTensors* dirs, int num_dirs) {
       }
     };
     constexpr int64_t kFastChunk = kThreads * queries_per_thread<acc_t>();
-    if (dim == 3) {
-      launch(nearest_neighbor_partial_kernel<scalar_t, 3>, kFastChunk, kTile, 0);
-    } else if (dim == 2) {
-      launch(nearest_neighbor_partial_kernel<scalar_t, 2>, kFastChunk, kTile, 0);
-    } else {
-      // Tiles of at most 32 KB of shared memory; one point per tile at worst.
-      const int64_t tile_points = std::max<int64_t>(1, std::min<int64_t>(kTile, (32 * 1024) / (dim * sizeof(acc_t))));
-      launch(nearest_neighbor_partial_generic_kernel<scalar_t>, kThreads, tile_points,
-             static_cast<size_t>(tile_points * dim * sizeof(acc_t)), dim, static_cast<int>(tile_points));
-    }
+    dispatch_metric(metric, [&](auto metric_tag) {
+      constexpr Metric m = decltype(metric_tag)::value;
+      if (dim == 3) {
+        launch(nearest_neighbor_partial_kernel<scalar_t, 3, m>, kFastChunk, kTile, 0);
+      } else if (dim == 2) {
+        launch(nearest_neighbor_partial_kernel<scalar_t, 2, m>, kFastChunk, kTile, 0);
+      } else {
+        // Tiles of at most 32 KB of shared memory; one point per tile at worst.
+        const int64_t tile_points =
+            std::max<int64_t>(1, std::min<int64_t>(kTile, (32 * 1024) / (dim * sizeof(acc_t))));
+        launch(nearest_neighbor_partial_generic_kernel<scalar_t, m>, kThreads, tile_points,
+               static_cast<size_t>(tile_points * dim * sizeof(acc_t)), dim, static_cast<int>(tile_points));
+      }
+    });
   });
 }
 
@@ -362,28 +367,32 @@ DirectionTensors make_direction_tensors(const at::Tensor& queries, const at::Ten
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cuda(const at::Tensor& x, const at::Tensor& y,
                                                          const c10::optional<at::Tensor>& x_lengths,
-                                                         const c10::optional<at::Tensor>& y_lengths) {
+                                                         const c10::optional<at::Tensor>& y_lengths,
+                                                         int64_t norm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
+  const Metric metric = metric_from_norm(norm);
   const c10::cuda::CUDAGuard guard(x.device());
   DirectionTensors dirs[1] = {make_direction_tensors(x, y, x_len, y_len)};
-  if (x.size(0) * x.size(1) > 0) nearest_neighbor_cuda_impl(dirs, 1);
+  if (x.size(0) * x.size(1) > 0) nearest_neighbor_cuda_impl(dirs, 1, metric);
   return {dirs[0].dist, dirs[0].idx};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cuda(
     const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& x_lengths,
-    const c10::optional<at::Tensor>& y_lengths) {
+    const c10::optional<at::Tensor>& y_lengths, int64_t norm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
+  const Metric metric = metric_from_norm(norm);
   const c10::cuda::CUDAGuard guard(x.device());
   DirectionTensors dirs[2] = {make_direction_tensors(x, y, x_len, y_len),
                               make_direction_tensors(y, x, y_len, x_len)};
-  if (x.size(0) * (x.size(1) + y.size(1)) > 0) nearest_neighbor_cuda_impl(dirs, 2);
+  if (x.size(0) * (x.size(1) + y.size(1)) > 0) nearest_neighbor_cuda_impl(dirs, 2, metric);
   return {dirs[0].dist, dirs[1].dist, dirs[0].idx, dirs[1].idx};
 }
 
-// grad_x[q] = 2 g[q] (x[q] - y[idx[q]]) for every (query, coordinate); with `grad_y_acc` the
-// negative is also scattered into the matched reference point with float atomics.
-template <typename scalar_t>
+// grad_x[q] = g[q] d'(x[q] - y[idx[q]]) for every (query, coordinate), d' = 2 diff or sign(diff);
+// with `grad_y_acc` the negative is also scattered into the matched reference point with float
+// atomics.
+template <typename scalar_t, Metric metric>
 __global__ void nearest_neighbor_backward_queries_kernel(
     const scalar_t* grad_dist, const scalar_t* x, const scalar_t* y, const int64_t* idx, int64_t N,
     int64_t M, int64_t dim, int64_t total, scalar_t* grad_x, at::opmath_type<scalar_t>* grad_y_acc) {
@@ -397,8 +406,8 @@ __global__ void nearest_neighbor_backward_queries_kernel(
       continue;
     }
     const int64_t r = ((q / N) * M + j) * dim + c;
-    const acc_t g = acc_t(2) * static_cast<acc_t>(grad_dist[q]) *
-                    (static_cast<acc_t>(x[e]) - static_cast<acc_t>(y[r]));
+    const acc_t g = static_cast<acc_t>(grad_dist[q]) *
+                    distance_derivative<metric>(static_cast<acc_t>(x[e]) - static_cast<acc_t>(y[r]));
     grad_x[e] = static_cast<scalar_t>(g);
     if (grad_y_acc != nullptr) gpuAtomicAdd(grad_y_acc + r, -g);
   }
@@ -406,7 +415,7 @@ __global__ void nearest_neighbor_backward_queries_kernel(
 
 // Deterministic reference gradient: each (reference point, coordinate) sums its matched queries
 // in increasing query order (see matched_queries_by_reference).
-template <typename scalar_t>
+template <typename scalar_t, Metric metric>
 __global__ void nearest_neighbor_backward_refs_kernel(const scalar_t* grad_dist, const scalar_t* x,
                                                       const scalar_t* y, const int64_t* order,
                                                       const int64_t* offsets, int64_t dim, int64_t total,
@@ -419,7 +428,7 @@ __global__ void nearest_neighbor_backward_refs_kernel(const scalar_t* grad_dist,
     acc_t acc = 0;
     for (int64_t t = offsets[r]; t < offsets[r + 1]; ++t) {
       const int64_t q = order[t];
-      acc -= acc_t(2) * static_cast<acc_t>(grad_dist[q]) * (static_cast<acc_t>(x[q * dim + c]) - yr);
+      acc -= static_cast<acc_t>(grad_dist[q]) * distance_derivative<metric>(static_cast<acc_t>(x[q * dim + c]) - yr);
     }
     grad_y[e] = static_cast<scalar_t>(acc);
   }
@@ -428,8 +437,9 @@ __global__ void nearest_neighbor_backward_refs_kernel(const scalar_t* grad_dist,
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cuda(const at::Tensor& grad_dist,
                                                                   const at::Tensor& x,
                                                                   const at::Tensor& y,
-                                                                  const at::Tensor& idx) {
+                                                                  const at::Tensor& idx, int64_t norm) {
   check_nearest_neighbor_backward_inputs(grad_dist, x, y, idx);
+  const Metric metric = metric_from_norm(norm);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
   auto grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
@@ -451,21 +461,24 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cuda(const at::Tens
       at::globalContext().alertNotDeterministic("pointops::_nearest_neighbor_backward");
       grad_y_acc = at::zeros({B, M, dim}, y.options().dtype(c10::CppTypeToScalarType<acc_t>::value));
     }
-    nearest_neighbor_backward_queries_kernel<scalar_t><<<grid_for(query_elems, kThreads), kThreads, 0, stream>>>(
-        grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
-        idx_contig.data_ptr<int64_t>(), N, M, dim, query_elems, grad_x.data_ptr<scalar_t>(),
-        deterministic ? nullptr : grad_y_acc.data_ptr<acc_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (!deterministic) {
-      grad_y = grad_y_acc.to(y.scalar_type());
-      return;
-    }
-    const auto [order, offsets] = matched_queries_by_reference(idx_contig, M);
-    grad_y = at::empty_like(y, at::MemoryFormat::Contiguous);
-    nearest_neighbor_backward_refs_kernel<scalar_t><<<grid_for(ref_elems, kThreads), kThreads, 0, stream>>>(
-        grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
-        order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), dim, ref_elems, grad_y.data_ptr<scalar_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    dispatch_metric(metric, [&](auto metric_tag) {
+      constexpr Metric m = decltype(metric_tag)::value;
+      nearest_neighbor_backward_queries_kernel<scalar_t, m><<<grid_for(query_elems, kThreads), kThreads, 0, stream>>>(
+          grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
+          idx_contig.data_ptr<int64_t>(), N, M, dim, query_elems, grad_x.data_ptr<scalar_t>(),
+          deterministic ? nullptr : grad_y_acc.data_ptr<acc_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      if (!deterministic) {
+        grad_y = grad_y_acc.to(y.scalar_type());
+        return;
+      }
+      const auto [order, offsets] = matched_queries_by_reference(idx_contig, M);
+      grad_y = at::empty_like(y, at::MemoryFormat::Contiguous);
+      nearest_neighbor_backward_refs_kernel<scalar_t, m><<<grid_for(ref_elems, kThreads), kThreads, 0, stream>>>(
+          grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
+          order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), dim, ref_elems, grad_y.data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
   return {grad_x, grad_y};
 }

@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from ..chamfer import chamfer, chamfer_distance, fscore
+from ..chamfer import chamfer, fscore
+from ..chamfer_loss import chamfer_distance
 from ._common import pyplot, save_figure, sync
 
 
@@ -45,7 +46,7 @@ def demo_chamfer(device: torch.device, outdir: pathlib.Path | None, steps: int =
         sync(device)
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = chamfer_distance(source, target)
+        loss, _ = chamfer_distance(source, target)
         if step < steps:
             loss.backward()
             optimizer.step()

@@ -1,0 +1,308 @@
+"""``chamfer_distance`` and ``ChamferLoss``: the Chamfer loss, a drop-in for
+``pytorch3d.loss.chamfer_distance`` built on the :func:`pointops.nearest_neighbor` kernels.
+
+The contract is PyTorch3D's (its docstring and source are the reference): the same arguments in the
+same order, the ``(loss, loss_normals)`` result, the same shapes, the same ``ValueError``
+conditions. Where PyTorch3D has no defined answer (an all-zero ``weights`` with
+``batch_reduction=None``, an empty batch, ``point_reduction="max"`` over empty clouds) pointops gives
+zeros that keep a gradient path.
+"""
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .chamfer import _valid_mask, chamfer, nearest_neighbor
+
+__all__ = ["chamfer_distance", "ChamferLoss"]
+
+_POINT_REDUCTIONS = ("mean", "sum", "max")
+_BATCH_REDUCTIONS = ("mean", "sum")
+
+
+# ---------------------------------------------------------------- argument checks (PyTorch3D's)
+def _checking_values() -> bool:
+    """Value checks (length bounds, negative weights) read tensor contents: one host sync each, and
+    a graph break under torch.compile. Traced code skips them; the kernels still refuse a length
+    outside [0, P] (RuntimeError), so nothing reads past a cloud."""
+    return not torch.compiler.is_compiling()
+
+
+def _validate_reductions(batch_reduction, point_reduction) -> None:
+    if batch_reduction is not None and batch_reduction not in _BATCH_REDUCTIONS:
+        raise ValueError(f'batch_reduction must be one of ["mean", "sum"] or None, got {batch_reduction!r}')
+    if point_reduction is not None and point_reduction not in _POINT_REDUCTIONS:
+        raise ValueError(f'point_reduction must be one of ["mean", "sum", "max"] or None, got {point_reduction!r}')
+    if point_reduction is None and batch_reduction is not None:
+        raise ValueError(f"Batch reduction must be None if point_reduction is None, got batch_reduction="
+                         f"{batch_reduction!r}")
+
+
+def _is_pointclouds(obj) -> bool:
+    """Duck-typed PyTorch3D ``Pointclouds`` (no dependency on PyTorch3D)."""
+    return all(callable(getattr(obj, name, None)) for name in
+               ("points_padded", "num_points_per_cloud", "normals_padded"))
+
+
+def _unpack_cloud(points, lengths: Optional[Tensor], normals: Optional[Tensor], name: str):
+    """(padded points, lengths or None, normals or None), as PyTorch3D's _handle_pointcloud_input.
+    A ``Pointclouds`` object supplies its own lengths and normals (the arguments are ignored, as in
+    PyTorch3D). ``lengths`` None means every cloud is full: the kernels then need no lengths."""
+    if _is_pointclouds(points):
+        return points.points_padded(), points.num_points_per_cloud(), points.normals_padded()
+    if not torch.is_tensor(points):
+        raise ValueError("The input pointclouds should be either Pointclouds objects or torch.Tensor of shape "
+                         f"(minibatch, num_points, 3); {name} is a {type(points).__name__}")
+    if points.ndim != 3:
+        raise ValueError(f"Expected points to be of shape (N, P, D); {name} has shape {tuple(points.shape)}")
+    if lengths is not None:
+        if not torch.is_tensor(lengths) or lengths.ndim != 1 or lengths.shape[0] != points.shape[0]:
+            got = tuple(lengths.shape) if torch.is_tensor(lengths) else type(lengths).__name__
+            raise ValueError(f"Expected lengths to be of shape (N,) = ({points.shape[0]},); {name}_lengths is {got}")
+        if lengths.numel() > 0 and _checking_values():
+            lo, hi = (int(v) for v in torch.aminmax(lengths))
+            if hi > points.shape[1]:
+                raise ValueError(f"A length value was too long: {name}_lengths has {hi} but {name} has "
+                                 f"{points.shape[1]} points per cloud")
+            if lo < 0:
+                raise ValueError(f"A length value was negative: {name}_lengths has {lo}")
+    if normals is not None and (not torch.is_tensor(normals) or normals.shape != points.shape):
+        got = tuple(normals.shape) if torch.is_tensor(normals) else type(normals).__name__
+        raise ValueError(f"Expected normals to be of shape (N, P, 3) like the points; {name}_normals is {got}, "
+                         f"{name} is {tuple(points.shape)}")
+    return points, lengths, normals
+
+
+def _validate_weights(weights: Tensor, x: Tensor) -> None:
+    if not torch.is_tensor(weights) or weights.shape != (x.shape[0],):
+        got = tuple(weights.shape) if torch.is_tensor(weights) else type(weights).__name__
+        raise ValueError(f"weights must be of shape (N,) = ({x.shape[0]},), got {got}")
+    if _checking_values() and weights.numel() > 0 and bool((weights < 0).any()):
+        raise ValueError(f"weights cannot be negative, got a minimum of {weights.min().item()}")
+
+
+# ---------------------------------------------------------------- per-point terms
+def _partner_empty(partner_lengths: Optional[Tensor], partner_size: int, batch: int, device) -> Optional[Tensor]:
+    """(B, 1) True where the searched cloud has no points; None when no cloud can be empty."""
+    if partner_lengths is not None:
+        return (partner_lengths == 0)[:, None]
+    if partner_size == 0:
+        return torch.ones(batch, 1, dtype=torch.bool, device=device)
+    return None
+
+
+def _sqrt_zero_grad_at_zero(d: Tensor) -> Tensor:
+    # sqrt'(0) is infinite; a point sitting exactly on its neighbour gets gradient 0 instead of NaN.
+    positive = d > 0
+    return torch.where(positive, torch.where(positive, d, torch.ones_like(d)).sqrt(), d)
+
+
+def _normal_term(normals: Tensor, partner_normals: Tensor, idx: Tensor, abs_cosine: bool) -> Tensor:
+    """1 - cos (or 1 - |cos|) between each point's normal and its nearest neighbour's, (B, N).
+    Points with no neighbour (idx -1) get NaN here; the caller zeroes padding and empty partners,
+    so what stays NaN is a point whose distances were all NaN: never a made-up number."""
+    B, N, D = normals.shape
+    if partner_normals.shape[1] > 0:
+        near = partner_normals.gather(1, idx.clamp(min=0)[..., None].expand(B, N, D))
+    else:
+        near = normals.new_zeros(B, N, D)
+    cos = F.cosine_similarity(normals, near, dim=2, eps=1e-6)  # PyTorch3D's eps: same values
+    term = 1 - (cos.abs() if abs_cosine else cos)
+    return torch.where(idx >= 0, term, torch.full_like(term, float("nan")))
+
+
+def _direction_terms(dist: Tensor, idx: Tensor, lengths: Optional[Tensor], partner_lengths: Optional[Tensor],
+                     partner_size: int, normals: Optional[Tensor], partner_normals: Optional[Tensor],
+                     weights: Optional[Tensor], squared: bool, abs_cosine: bool):
+    """Per-point distance and normal terms of one direction, (B, N): padding and points whose
+    partner cloud is empty contribute 0, then each cloud's terms are scaled by its weight."""
+    B, N = dist.shape
+    empty = _partner_empty(partner_lengths, partner_size, B, dist.device)
+    if empty is not None:  # the kernel's +inf (distance to an empty set) becomes PyTorch3D's 0
+        dist = dist.masked_fill(empty, 0.0)
+    if not squared:
+        dist = _sqrt_zero_grad_at_zero(dist)
+    normal = None
+    if normals is not None and partner_normals is not None:
+        normal = _normal_term(normals, partner_normals, idx, abs_cosine)
+        if lengths is not None:
+            normal = normal.masked_fill(~_valid_mask(lengths, N), 0.0)
+        if empty is not None:
+            normal = normal.masked_fill(empty, 0.0)
+    if weights is not None:
+        w = weights[:, None].to(dist.dtype)
+        dist = dist * w
+        normal = None if normal is None else normal * w
+    return dist, normal
+
+
+def _reduce_points(terms: Tensor, lengths: Optional[Tensor], reduction: str) -> Tensor:
+    """(B, N) -> (B,). Padded terms are 0 and distances are >= 0, so "max" over the padded row is
+    the max over the valid points (0 for an empty cloud). An empty mean is 0, never 0/0."""
+    if reduction == "max":
+        return terms.amax(1) if terms.shape[1] > 0 else terms.sum(1)
+    total = terms.sum(1)
+    if reduction == "sum":
+        return total
+    if lengths is None:
+        return total / max(terms.shape[1], 1)
+    return total / lengths.clamp(min=1).to(terms.dtype)
+
+
+def _reduce_batch(loss: Tensor, weights: Optional[Tensor], reduction: Optional[str]) -> Tensor:
+    if reduction is None:
+        return loss
+    total = loss.sum()
+    if reduction == "sum":
+        return total
+    if weights is None:
+        return total / max(loss.shape[0], 1)
+    weight_sum = weights.sum().to(total.dtype)
+    # All-zero weights: every term is already 0; dividing by 1 keeps the zero and its gradient path.
+    return total / torch.where(weight_sum > 0, weight_sum, torch.ones_like(weight_sum))
+
+
+# ---------------------------------------------------------------- public API
+def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Optional[Tensor] = None,
+                     x_normals: Optional[Tensor] = None, y_normals: Optional[Tensor] = None,
+                     weights: Optional[Tensor] = None, batch_reduction: Optional[str] = "mean",
+                     point_reduction: Optional[str] = "mean", norm: int = 2, single_directional: bool = False,
+                     abs_cosine: bool = True, *, squared: bool = True):
+    """Chamfer distance between two batches of point clouds: ``pytorch3d.loss.chamfer_distance``'s
+    contract, on pointops' kernels (CPU and CUDA, exact distances, deterministic option).
+
+    loss_b = reduce_i d(x_i, NN_y(x_i)) + reduce_j d(y_j, NN_x(y_j))   (the first term only if
+    ``single_directional``); with ``point_reduction="max"`` the two directions combine as
+    ``maximum(max_x, max_y)``: the (squared) Hausdorff distance.
+
+    Args:
+        x: (N, P1, D) tensor, or an object with PyTorch3D's ``Pointclouds`` methods
+            (``points_padded()``, ``num_points_per_cloud()``, ``normals_padded()``), which then also
+            supplies the lengths and normals.
+        y: (N, P2, D) tensor or ``Pointclouds``-like object; same dtype and device as x.
+        x_lengths, y_lengths: optional (N,) int64 numbers of valid points per cloud; points past a
+            cloud's length are padding and contribute nothing.
+        x_normals, y_normals: optional (N, P1, D) / (N, P2, D) normals. With both given,
+            ``loss_normals`` is the reduced ``1 - |cos|`` (``1 - cos`` if not ``abs_cosine``)
+            between each point's normal and the normal of its nearest neighbour (gathered by the
+            same index the distance uses); gradients reach the normals (not through the index).
+        weights: optional (N,) non-negative per-cloud weights: each cloud's terms are scaled by its
+            weight, and ``batch_reduction="mean"`` divides by the weights' sum (all-zero weights:
+            a zero loss that keeps a gradient path).
+        batch_reduction: "mean", "sum" or None (a (N,) result).
+        point_reduction: "mean" (over each cloud's valid points), "sum", "max", or None (the
+            per-point terms; batch_reduction must then be None).
+        norm: 2: squared Euclidean distances; 1: L1 distances sum |x - y| (in the search too).
+        single_directional: only the x -> y term.
+        abs_cosine: ``1 - |cos|`` (normals' orientation ignored) rather than ``1 - cos``.
+        squared: pointops only, keyword-only: with ``norm=2``, False uses Euclidean (not squared)
+            distances (gradient 0 where a point sits exactly on its neighbour).
+
+    Returns:
+        ``(loss, loss_normals)``. ``loss`` is a scalar (``batch_reduction`` "mean"/"sum") or (N,).
+        With ``point_reduction=None``: ``loss`` is the pair of per-point terms ``((N, P1), (N, P2))``,
+        or one (N, P1) tensor if ``single_directional``; padded points hold 0.
+        ``loss_normals`` has the same structure, or is None without both normals.
+
+    Empty clouds, as in PyTorch3D: a direction whose searched cloud is empty contributes 0 (and so
+    does an empty cloud's own direction: an empty mean is 0, never 0/0). ``nearest_neighbor`` keeps
+    the honest answer at its level: distance +inf and index -1.
+
+    Raises:
+        ValueError: PyTorch3D's conditions: an input of the wrong rank or type, lengths of the wrong
+            shape or with a value larger than the cloud (or negative), y's batch or point dimension
+            unlike x's, normals unlike their points, unknown reductions, ``norm`` other than 1 or 2,
+            normals with ``point_reduction="max"``, weights of the wrong shape or negative, and
+            (pointops) ``squared=False`` with ``norm=1``. Dtype and device mismatches are refused by
+            the kernels (RuntimeError). Under torch.compile the checks that read tensor values
+            (length bounds, negative weights) are skipped; the kernels still refuse bad lengths.
+
+    Example:
+        >>> loss, _ = pointops.chamfer_distance(x, y)                       # PyTorch3D's call
+        >>> loss, loss_normals = pointops.chamfer_distance(x, y, x_normals=nx, y_normals=ny)
+        >>> hausdorff, _ = pointops.chamfer_distance(x, y, point_reduction="max")
+    """
+    _validate_reductions(batch_reduction, point_reduction)
+    if norm not in (1, 2):
+        raise ValueError(f"Support for 1 or 2 norm, got norm={norm!r}")
+    if not squared and norm != 2:
+        raise ValueError(f"squared=False applies to norm=2 only (norm=1 distances are not squared), got norm={norm}")
+    if point_reduction == "max" and (x_normals is not None or y_normals is not None):
+        raise ValueError('Normals must be None if point_reduction is "max"')
+    x, x_lengths, x_normals = _unpack_cloud(x, x_lengths, x_normals, "x")
+    y, y_lengths, y_normals = _unpack_cloud(y, y_lengths, y_normals, "y")
+    if point_reduction == "max" and x_normals is not None and y_normals is not None:
+        raise ValueError('Normals must be None if point_reduction is "max" (the point clouds carry normals)')
+    N, P1, D = x.shape
+    if y.shape[0] != N or y.shape[2] != D:
+        raise ValueError(f"y does not have the correct shape: x is {tuple(x.shape)}, so y must be "
+                         f"({N}, P2, {D}), got {tuple(y.shape)}")
+    if weights is not None:
+        _validate_weights(weights, x)
+
+    if single_directional:
+        dist_x, idx_x = nearest_neighbor(x, y, x_lengths, y_lengths, norm=norm)
+    else:
+        dist_x, dist_y, idx_x, idx_y = chamfer(x, y, x_lengths, y_lengths, norm=norm)
+    cham_x, normal_x = _direction_terms(dist_x, idx_x, x_lengths, y_lengths, y.shape[1], x_normals, y_normals,
+                                        weights, squared, abs_cosine)
+    if not single_directional:
+        cham_y, normal_y = _direction_terms(dist_y, idx_y, y_lengths, x_lengths, P1, y_normals, x_normals,
+                                            weights, squared, abs_cosine)
+
+    if point_reduction is None:
+        if single_directional:
+            return cham_x, normal_x
+        return (cham_x, cham_y), (None if normal_x is None else (normal_x, normal_y))
+
+    loss = _reduce_points(cham_x, x_lengths, point_reduction)
+    loss_normals = None if normal_x is None else _reduce_points(normal_x, x_lengths, point_reduction)
+    if not single_directional:
+        loss_y = _reduce_points(cham_y, y_lengths, point_reduction)
+        if point_reduction == "max":
+            loss = torch.maximum(loss, loss_y)
+        else:
+            loss = loss + loss_y
+            if loss_normals is not None:
+                loss_normals = loss_normals + _reduce_points(normal_y, y_lengths, point_reduction)
+    loss = _reduce_batch(loss, weights, batch_reduction)
+    if loss_normals is not None:
+        loss_normals = _reduce_batch(loss_normals, weights, batch_reduction)
+    return loss, loss_normals
+
+
+class ChamferLoss(torch.nn.Module):
+    """:func:`chamfer_distance` as a module, with the same arguments and the same
+    ``(loss, loss_normals)`` result::
+
+        criterion = pointops.ChamferLoss(point_reduction="sum")
+        loss, _ = criterion(x, y, x_lengths, y_lengths)
+    """
+
+    def __init__(self, batch_reduction: Optional[str] = "mean", point_reduction: Optional[str] = "mean",
+                 norm: int = 2, single_directional: bool = False, abs_cosine: bool = True, *,
+                 squared: bool = True):
+        super().__init__()
+        _validate_reductions(batch_reduction, point_reduction)
+        if norm not in (1, 2):
+            raise ValueError(f"Support for 1 or 2 norm, got norm={norm!r}")
+        self.batch_reduction = batch_reduction
+        self.point_reduction = point_reduction
+        self.norm = norm
+        self.single_directional = single_directional
+        self.abs_cosine = abs_cosine
+        self.squared = squared
+
+    def forward(self, x, y, x_lengths: Optional[Tensor] = None, y_lengths: Optional[Tensor] = None,
+                x_normals: Optional[Tensor] = None, y_normals: Optional[Tensor] = None,
+                weights: Optional[Tensor] = None) -> Tuple[Union[Tensor, tuple], Optional[Union[Tensor, tuple]]]:
+        return chamfer_distance(x, y, x_lengths, y_lengths, x_normals, y_normals, weights,
+                                batch_reduction=self.batch_reduction, point_reduction=self.point_reduction,
+                                norm=self.norm, single_directional=self.single_directional,
+                                abs_cosine=self.abs_cosine, squared=self.squared)
+
+    def extra_repr(self) -> str:
+        return (f"batch_reduction={self.batch_reduction!r}, point_reduction={self.point_reduction!r}, "
+                f"norm={self.norm}, single_directional={self.single_directional}, "
+                f"abs_cosine={self.abs_cosine}, squared={self.squared}")
