@@ -16,6 +16,9 @@ cloud gets distance +inf and index -1. Indices are always in [0, M) or -1.
 Gradients flow to ``x`` and ``y`` (not through the indices); for ``norm=1`` the derivative of
 ``|x - y|`` is ``sign(x - y)``, 0 where a coordinate difference is exactly 0.
 
+Double backward works (gradient penalties, meta-learning): with the indices fixed the gradient
+2 (x - y[idx]) (or sign(x - y[idx])) is differentiable in x, y and the incoming gradient.
+
 The Chamfer *loss*, ``chamfer_distance`` / ``ChamferLoss``, lives in :mod:`pointops.chamfer_loss`. On CUDA the gradient of the
 reference cloud is scattered with float atomics unless
 ``torch.use_deterministic_algorithms(True)`` is set, in which case a sort-based path makes it

@@ -55,7 +55,14 @@ derivative). Every backward pass is itself a fused O(M N) sum:
 * sources: grad_y_j = Re sum_c c_j^c sum_i h(r_ij) conj(G_i^c) (y_j - x_i), computed in the same
   swapped pass as the weights' gradient.
 
-Second derivatives are not supported yet (the backward ops are not themselves differentiable).
+Second derivatives (``create_graph=True``: gradient penalties, Hessian-vector products): for the
+gaussian every one, since h = -g / sigma^2 makes the moments two more gaussian sums,
+-(x_i sum_j g_ij c_j - sum_j g_ij c_j y_j) / sigma^2, computed (only when a graph is created) with
+the coordinates shifted so the sources' mean is at the origin: the subtraction then loses about
+log10(cloud radius / sigma) digits, not log10(|x| / sigma). For laplace and helmholtz, derivatives
+of the weights' gradient work (it is a particle sum); differentiating the targets' or sources'
+gradient raises a RuntimeError (it needs the derivative of g'(r)/r, a kernel pointops does not
+have yet), never a silent zero.
 
 Empty inputs: M = 0 gives an empty output; N = 0 gives zeros; C = 0 gives an (M, 0) output.
 Non-finite inputs propagate as in IEEE arithmetic (a NaN coordinate or weight makes every sum it

@@ -130,7 +130,8 @@ def voxel_features(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, 
     Differentiable in ``points`` (all F columns): the gradient of a voxel's feature goes to each of
     its points (sum), divided by the count (mean), or for "max" to the first point in input order
     that attains the maximum of that column. The cell assignment itself is piecewise constant and
-    has no gradient.
+    has no gradient. Double backward works for all three reductions (the backward is linear in the
+    features' gradient; its derivative in the points is 0 almost everywhere).
     """
     vs, pr = _floats(voxel_size, "voxel_size"), _floats(point_range, "point_range")
     return VoxelFeatures(*torch.ops.pointops.voxel_features(points, batch, vs, pr, reduce))
@@ -292,3 +293,34 @@ def _voxel_features_backward(ctx, grad_features, _grad_coords, _grad_num_points,
 
 torch.library.register_autograd("pointops::voxel_features", _voxel_features_backward,
                                 setup_context=_voxel_features_setup_context)
+
+
+# ---- Autograd of the backward (double backward) ----
+# For every reduction the backward has the form grad_points[i, k] = w[i, k] * grad_features[v(i), k],
+# with w = 1 (sum), 1 / count (mean) or 1 for the point that gave the maximum (max), and v(i) =
+# point_to_voxel[i]. It is linear in grad_features, with adjoint
+#   d/d grad_features[v, k] = sum_{i : v(i) = v} w[i, k] u[i, k]
+# for the upstream gradient u, and w is the backward applied to ones. w is piecewise constant in
+# the points (for max, the winning point changes only at ties), so d/d points = 0 almost everywhere.
+
+def _voxel_features_backward_setup_context(ctx, inputs, output):
+    grad_features, points, point_to_voxel, num_points, features, reduce = inputs
+    ctx.reduce = reduce
+    ctx.save_for_backward(grad_features, points, point_to_voxel, num_points, features)
+
+
+def _voxel_features_double_backward(ctx, upstream):
+    grad_features, points, point_to_voxel, num_points, features = ctx.saved_tensors
+    if upstream is None:
+        return None, None, None, None, None, None
+    weight = torch.ops.pointops._voxel_features_backward(
+        torch.ones_like(features), points, point_to_voxel, num_points, features, ctx.reduce)
+    inside = point_to_voxel >= 0
+    # index_put_ with accumulate=True is deterministic under torch.use_deterministic_algorithms.
+    d_grad_features = torch.zeros_like(grad_features).index_put_(
+        (point_to_voxel[inside],), (upstream * weight)[inside], accumulate=True)
+    return d_grad_features, None, None, None, None, None
+
+
+torch.library.register_autograd("pointops::_voxel_features_backward", _voxel_features_double_backward,
+                                setup_context=_voxel_features_backward_setup_context)

@@ -51,6 +51,51 @@ OptionalDouble saved_double(AutogradContext* ctx, const char* key) {
 
 at::Tensor real_part(const at::Tensor& t) { return t.is_complex() ? at::real(t) : t; }
 
+// sum_j h(r_ij) w_j (a_i - b_j) for the gaussian, h = g'(r) / r = -g / sigma^2, written as two
+// differentiable particle sums: -(a_i sum_j g_ij w_j - sum_j g_ij w_j b_j) / sigma^2. The double
+// backward uses it, so second (and higher) derivatives go through the particle_sum autograd.
+// It cancels where the fused moments kernel does not (a_i f_i and the second sum are both ~ |a| f):
+// the caller shifts a and b so the sources' mean is at the origin, which bounds the loss by the
+// cloud's extent over sigma rather than its distance from the origin.
+at::Tensor gaussian_moments_composite(const at::Tensor& a, const at::Tensor& b, const at::Tensor& w, double sigma) {
+  const bool columns = w.dim() == a.dim();
+  const at::Tensor sums = particle_sum_op(a, b, w, "gaussian", sigma, c10::nullopt);
+  at::Tensor weighted_points_sums, a_times_sums;
+  if (columns) {  // w (..., N, C): weights w_j^c b_j flattened to (..., N, C * D)
+    const at::Tensor wb = (w.unsqueeze(-1) * b.unsqueeze(-2)).flatten(-2);
+    weighted_points_sums =
+        particle_sum_op(a, b, wb, "gaussian", sigma, c10::nullopt).unflatten(-1, {w.size(-1), b.size(-1)});
+    a_times_sums = a.unsqueeze(-2) * sums.unsqueeze(-1);
+  } else {
+    weighted_points_sums = particle_sum_op(a, b, w.unsqueeze(-1) * b, "gaussian", sigma, c10::nullopt);
+    a_times_sums = a * sums.unsqueeze(-1);
+  }
+  return (a_times_sums - weighted_points_sums) * (-1.0 / (sigma * sigma));
+}
+
+// The moments op is differentiable only through gaussian_moments_composite (gaussian). For the
+// singular kernels the derivative of h would need a kernel pointops does not have: this node makes
+// such a double backward fail loudly instead of treating the moments as constants (silently wrong).
+class ParticleSumMomentsFunction : public torch::autograd::Function<ParticleSumMomentsFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& targets, const at::Tensor& sources,
+                               const at::Tensor& weights, c10::string_view kernel, OptionalDouble sigma,
+                               OptionalDouble wavenumber) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->saved_data["kernel"] = std::string(kernel);
+    auto [sums, moments] = particle_sum_moments_op(targets, sources, weights, kernel, sigma, wavenumber);
+    return {sums, moments};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list) {
+    TORCH_CHECK(false, "particle_sum: second derivatives through the targets' or sources' gradient are "
+                "implemented for kernel='gaussian' only, got kernel='", ctx->saved_data["kernel"].toStringRef(),
+                "' (they need the derivative of g'(r)/r, a kernel pointops does not have yet). First "
+                "derivatives, and derivatives of the weights' gradient, work for every kernel.");
+    return {};
+  }
+};
+
 // No sizes are read here (only dim() and dtypes): under torch.compile with dynamic shapes this
 // code runs on tensors with symbolic sizes. The ops validate their inputs themselves.
 class ParticleSumFunction : public torch::autograd::Function<ParticleSumFunction> {
@@ -101,17 +146,47 @@ class ParticleSumFunction : public torch::autograd::Function<ParticleSumFunction
       if (columns) prod = prod.sum(-2);
       return real_part(prod);
     };
-    if (need_targets) {
-      TORCH_CHECK(moments.defined(), "particle_sum backward: the targets' moments were not computed in the forward "
-                                     "pass (targets did not require grad then)");
-      out[0] = combine(g, moments).to(targets.scalar_type());
-    }
-    if (need_sources) {
-      auto [swapped_sums, swapped_moments] = particle_sum_moments_op(y, x, g, kernel, sigma, wavenumber);
-      out[1] = combine(weights, swapped_moments).to(sources.scalar_type());
-      if (need_weights) out[2] = swapped_sums;
-    } else if (need_weights) {
-      out[2] = particle_sum_op(y, x, g, kernel, sigma, wavenumber);
+    // create_graph: the gradients must themselves be differentiable (double backward).
+    const bool create_graph = at::GradMode::is_enabled();
+    if (create_graph && kernel == "gaussian") {
+      // Differentiable composite sums, in float32 at least, with the sources' mean at the origin
+      // (the sums depend on differences only).
+      at::Tensor w = weights;
+      if (x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) {
+        x = x.to(at::kFloat);
+        y = y.to(at::kFloat);
+        if (!w.is_complex()) w = w.to(at::kFloat);
+        if (!g.is_complex()) g = g.to(at::kFloat);
+      }
+      const at::Tensor origin =
+          y.size(-2) > 0 ? y.detach().mean(-2, /*keepdim=*/true) : at::zeros_like(y.detach().sum(-2, true));
+      x = x - origin;
+      y = y - origin;
+      if (need_targets) out[0] = combine(g, gaussian_moments_composite(x, y, w, *sigma)).to(targets.scalar_type());
+      if (need_sources) out[1] = combine(w, gaussian_moments_composite(y, x, g, *sigma)).to(sources.scalar_type());
+      if (need_weights) out[2] = particle_sum_op(y, x, g, kernel, sigma, wavenumber);
+    } else {
+      auto moments_op = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& w) {
+        if (!create_graph) return particle_sum_moments_op(a, b, w, kernel, sigma, wavenumber);
+        auto result = ParticleSumMomentsFunction::apply(a, b, w, kernel, sigma, wavenumber);
+        return std::make_tuple(result[0], result[1]);
+      };
+      if (need_targets) {
+        at::Tensor m = moments;
+        // The forward's moments are constants to autograd; with create_graph they are recomputed
+        // through a node that refuses to be differentiated (see ParticleSumMomentsFunction).
+        if (create_graph) m = std::get<1>(moments_op(targets, sources, weights));
+        TORCH_CHECK(m.defined(), "particle_sum backward: the targets' moments were not computed in the forward "
+                                 "pass (targets did not require grad then)");
+        out[0] = combine(g, m).to(targets.scalar_type());
+      }
+      if (need_sources) {
+        auto [swapped_sums, swapped_moments] = moments_op(y, x, g);
+        out[1] = combine(weights, swapped_moments).to(sources.scalar_type());
+        // With create_graph the weights' gradient takes its own (differentiable) pass.
+        if (need_weights && !create_graph) out[2] = swapped_sums;
+      }
+      if (need_weights && !out[2].defined()) out[2] = particle_sum_op(y, x, g, kernel, sigma, wavenumber);
     }
     if (need_weights) {
       at::Tensor gw = out[2].is_complex() ? out[2].conj() : out[2];
