@@ -273,15 +273,17 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
 
 
 class ChamferLoss(torch.nn.Module):
-    """:func:`chamfer_distance` as a module, with the same arguments and the same
+    """:func:`chamfer_distance` as a module, with the same (keyword) arguments and the same
     ``(loss, loss_normals)`` result::
 
         criterion = pointops.ChamferLoss(point_reduction="sum")
         loss, _ = criterion(x, y, x_lengths, y_lengths)
     """
 
-    def __init__(self, batch_reduction: Optional[str] = "mean", point_reduction: Optional[str] = "mean",
-                 norm: int = 2, single_directional: bool = False, abs_cosine: bool = True, *,
+    # Keyword-only: the order changed to PyTorch3D's (batch_reduction first), and a positional call
+    # written for the old order must fail loudly rather than swap the two reductions.
+    def __init__(self, *, batch_reduction: Optional[str] = "mean", point_reduction: Optional[str] = "mean",
+                 norm: int = 2, single_directional: bool = False, abs_cosine: bool = True,
                  squared: bool = True):
         super().__init__()
         _validate_reductions(batch_reduction, point_reduction)

@@ -297,6 +297,8 @@ def test_chamfer_loss_module(device):
         pointops.ChamferLoss(point_reduction="median")
     with pytest.raises(ValueError, match="Support for 1 or 2 norm"):
         pointops.ChamferLoss(norm=3)
+    with pytest.raises(TypeError):  # the old positional order (point_reduction first) fails loudly
+        pointops.ChamferLoss("sum")
 
 
 # ---------------------------------------------------------------- gradients
