@@ -60,18 +60,26 @@ def _unpack_cloud(points, lengths: Optional[Tensor], normals: Optional[Tensor], 
         if not torch.is_tensor(lengths) or lengths.ndim != 1 or lengths.shape[0] != points.shape[0]:
             got = tuple(lengths.shape) if torch.is_tensor(lengths) else type(lengths).__name__
             raise ValueError(f"Expected lengths to be of shape (N,) = ({points.shape[0]},); {name}_lengths is {got}")
-        if lengths.numel() > 0 and _checking_values():
-            lo, hi = (int(v) for v in torch.aminmax(lengths))
-            if hi > points.shape[1]:
-                raise ValueError(f"A length value was too long: {name}_lengths has {hi} but {name} has "
-                                 f"{points.shape[1]} points per cloud")
-            if lo < 0:
-                raise ValueError(f"A length value was negative: {name}_lengths has {lo}")
     if normals is not None and (not torch.is_tensor(normals) or normals.shape != points.shape):
         got = tuple(normals.shape) if torch.is_tensor(normals) else type(normals).__name__
         raise ValueError(f"Expected normals to be of shape (N, P, 3) like the points; {name}_normals is {got}, "
                          f"{name} is {tuple(points.shape)}")
     return points, lengths, normals
+
+
+def _check_length_values(clouds) -> None:
+    """Every length in [0, P]: one host sync for both clouds' lengths (the kernels check again, in
+    C++, and raise RuntimeError; PyTorch3D's callers expect ValueError)."""
+    given = [(name, points, lengths) for name, points, lengths in clouds if lengths is not None and lengths.numel() > 0]
+    if not given or not _checking_values():
+        return
+    bounds = torch.stack([torch.stack(torch.aminmax(lengths)).to(torch.int64) for _, _, lengths in given]).tolist()
+    for (name, points, _), (lo, hi) in zip(given, bounds):
+        if hi > points.shape[1]:
+            raise ValueError(f"A length value was too long: {name}_lengths has {hi} but {name} has "
+                             f"{points.shape[1]} points per cloud")
+        if lo < 0:
+            raise ValueError(f"A length value was negative: {name}_lengths has {lo}")
 
 
 def _validate_weights(weights: Tensor, x: Tensor) -> None:
@@ -234,6 +242,7 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
     y, y_lengths, y_normals = _unpack_cloud(y, y_lengths, y_normals, "y")
     if point_reduction == "max" and x_normals is not None and y_normals is not None:
         raise ValueError('Normals must be None if point_reduction is "max" (the point clouds carry normals)')
+    _check_length_values([("x", x, x_lengths), ("y", y, y_lengths)])
     N, P1, D = x.shape
     if y.shape[0] != N or y.shape[2] != D:
         raise ValueError(f"y does not have the correct shape: x is {tuple(x.shape)}, so y must be "
