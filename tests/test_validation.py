@@ -140,3 +140,108 @@ def test_fscore_compile_fullgraph():
     for threshold in (0.05, 0.2):
         for got, want in zip(compiled(dist1, dist2, threshold, x_len, y_len), fn(dist1, dist2, threshold, x_len, y_len)):
             assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------- voxelize / voxel_features / Voxelizer
+@pytest.mark.parametrize("op", ["voxelize", "voxel_features"])
+def test_voxel_points_and_batch_types(op):
+    call = ((lambda p, **kw: pointops.voxelize(p, VOXEL, RANGE, 4, 10, **kw)) if op == "voxelize"
+            else (lambda p, **kw: pointops.voxel_features(p, VOXEL, RANGE, **kw)))
+    # None used to reach the dispatcher: "no fallback function is registered for schema ...".
+    with pytest.raises(TypeError, match=r"voxelize: points must be a tensor \(N, F\), got NoneType"):
+        call(None)
+    with pytest.raises(TypeError, match=r"voxelize: points must be a tensor \(N, F\), got list"):
+        call([[0.5, 0.5, 0.5]])
+    with pytest.raises(TypeError, match=r"voxelize: batch must be a tensor \(N,\) int64 or None, got list"):
+        call(torch.rand(3, 3), batch=[0, 0, 0])
+
+
+@pytest.mark.parametrize("name", ["voxel_size", "point_range"])
+def test_voxel_float_sequences(name):
+    good = {"voxel_size": VOXEL, "point_range": RANGE}[name]
+
+    def call(value):
+        args = {"voxel_size": VOXEL, "point_range": RANGE, name: value}
+        return pointops.voxelize(torch.rand(3, 3), args["voxel_size"], args["point_range"], 4, 10)
+
+    with pytest.raises(TypeError, match=rf"voxelize: {name} must be a sequence of floats or a 1-D tensor, got NoneType"):
+        call(None)
+    with pytest.raises(TypeError, match=rf"voxelize: {name} must be a sequence of floats or a 1-D tensor, got float"):
+        call(0.5)
+    # A string is iterable: "0.5" used to fail with "could not convert string to float: '.'".
+    with pytest.raises(TypeError, match=rf"voxelize: {name} must be a sequence of floats or a 1-D tensor, got str"):
+        call("0.5")
+    # ["1", ...] used to be parsed silently, True taken as 1.0.
+    with pytest.raises(TypeError, match=rf"voxelize: {name}\[0\] must be a real number, got str '1'"):
+        call(["1"] + good[1:])
+    with pytest.raises(TypeError, match=rf"voxelize: {name}\[1\] must be a real number, got bool True"):
+        call(good[:1] + [True] + good[2:])
+    with pytest.raises(TypeError, match=rf"voxelize: {name}\[0\] must be a real number, got complex 1j"):
+        call([1j] + good[1:])
+    # A 2-D tensor used to be reported as "got list".
+    with pytest.raises(ValueError, match=rf"voxelize: {name} must be a sequence of floats or a 1-D tensor, "
+                                         r"got a tensor of shape \(1, 3\)"):
+        call(torch.ones(1, 3))
+    with pytest.raises(TypeError, match=rf"voxelize: {name} must hold real numbers, got a torch.complex64 tensor"):
+        call(torch.ones(3, dtype=torch.complex64))
+    # numpy values and arrays are sequences of real numbers.
+    assert call(np.asarray(good, dtype=np.float32)).point_to_voxel.shape == (3,)
+
+
+@pytest.mark.parametrize("name", ["max_points_per_voxel", "max_voxels"])
+def test_voxel_int_arguments(name):
+    def call(value, module=False):
+        caps = {"max_points_per_voxel": 4, "max_voxels": 10, name: value}
+        if module:
+            return pointops.Voxelizer(VOXEL, RANGE, **caps)
+        return pointops.voxelize(torch.rand(3, 3), VOXEL, RANGE, **caps)
+
+    for module in (False, True):
+        # int() used to truncate 2.7 to 2 and parse "5"; NaN raised "cannot convert float NaN to integer".
+        for bad, shown in ((2.7, "float 2.7"), ("5", "str '5'"), (None, "NoneType None"), (True, "bool True"),
+                           (math.nan, "float nan"), (torch.tensor(2.0), r"Tensor tensor\(2.\)")):
+            with pytest.raises(TypeError, match=rf"voxelize: {name} must be an int, got {shown}"):
+                call(bad, module)
+        # Used to be the dispatcher's "Expected a value of type 'int' ... but instead found type 'int'".
+        with pytest.raises(ValueError, match=rf"voxelize: {name} must fit in int64, got 9223372036854775808"):
+            call(2**63, module)
+    # The C++ bound, now also at the module's construction (it used to wait for the first call).
+    with pytest.raises(RuntimeError, match=rf"voxelize: {name} must be >= 1, got 0"):
+        call(0, module=True)
+
+
+def test_voxel_int_arguments_accept_integers():
+    points = torch.rand(20, 3) * 4
+    want = pointops.voxelize(points, VOXEL, RANGE, 4, 10)
+    for caps in ((np.int64(4), np.int32(10)), (torch.tensor(4), torch.tensor(10))):
+        got = pointops.voxelize(points, VOXEL, RANGE, *caps)
+        assert all(torch.equal(a, b) for a, b in zip(got[:5], want[:5]))
+    assert pointops.Voxelizer(VOXEL, RANGE, np.int64(4), 10).max_points_per_voxel == 4
+
+
+def test_voxel_padded_must_be_bool():
+    # padded="no" used to be truthy.
+    with pytest.raises(TypeError, match="voxelize: padded must be a bool, got str 'no'"):
+        pointops.voxelize(torch.rand(3, 3), VOXEL, RANGE, 4, 10, padded="no")
+    with pytest.raises(TypeError, match="voxelize: padded must be a bool, got int 1"):
+        pointops.Voxelizer(VOXEL, RANGE, 4, 10, padded=1)
+
+
+def test_voxel_grid_of_infinite_cells():
+    # A subnormal voxel size makes (max - min) / size infinite: the C++ check says so, and the
+    # Python mirror (Voxelizer, fake kernels) used to raise OverflowError from math.floor.
+    with pytest.raises(RuntimeError, match="voxelize: the grid has inf cells along x; coordinates are int32"):
+        pointops.Voxelizer([5e-324, 1.0, 1.0], RANGE, 4, 10)
+    with pytest.raises(RuntimeError, match="voxelize: the grid has inf cells along y; coordinates are int32"):
+        pointops.voxelize(torch.rand(3, 3), VOXEL, [0, -1e308, 0, 1, 1e308, 1], 4, 10)
+
+
+def test_voxelize_compile_fullgraph_int_arguments():
+    # The caps are int arguments of the compiled function: the int checks must trace.
+    torch._dynamo.reset()
+    points = torch.rand(50, 4) * 4
+    fn = lambda p, mp, mv: pointops.voxelize(p, VOXEL, RANGE, mp, mv, padded=True)  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True)
+    for caps in ((3, 20), (2, 30)):
+        for got, want in zip(compiled(points, *caps), fn(points, *caps)):
+            assert torch.equal(got, want)
