@@ -245,3 +245,59 @@ def test_voxelize_compile_fullgraph_int_arguments():
     for caps in ((3, 20), (2, 30)):
         for got, want in zip(compiled(points, *caps), fn(points, *caps)):
             assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------- particle_sum / ParticleSum
+def test_particle_sum_tensor_types():
+    x, y, c = torch.rand(5, 3), torch.rand(4, 3), torch.rand(4)
+    # None used to give "tensor does not have a device" (weights) or "got shape [0]" (targets).
+    with pytest.raises(TypeError, match=r"targets must be a tensor \(M, D\) or \(B, M, D\), got NoneType"):
+        pointops.particle_sum(None, y, c, sigma=1.0)
+    with pytest.raises(TypeError, match=r"sources must be a tensor \(N, D\) or \(B, N, D\), got list"):
+        pointops.particle_sum(x, y.tolist(), c, sigma=1.0)
+    with pytest.raises(TypeError, match=r"weights must be a tensor \(N,\), \(N, C\), \(B, N\) or \(B, N, C\), got NoneType"):
+        pointops.particle_sum(x, y, None, sigma=1.0)
+    with pytest.raises(TypeError, match=r"weights must be a tensor .* got NoneType"):
+        pointops.ParticleSum(sigma=1.0)(x, y, None)
+
+
+def test_particle_sum_module_checks_parameters_at_construction():
+    # These used to construct, and fail (RuntimeError) only at the first call.
+    cases = [
+        (dict(kernel="gaussian"), "the gaussian kernel needs sigma \\(its width\\), got none"),
+        (dict(kernel="gaussian", sigma=-1.0), "sigma must be finite and > 0, got -1.0"),
+        (dict(kernel="gaussian", sigma=0), "sigma must be finite and > 0, got 0.0"),
+        (dict(kernel="gaussian", sigma=math.nan), "sigma must be finite and > 0, got nan"),
+        (dict(kernel="gaussian", sigma=math.inf), "sigma must be finite and > 0, got inf"),
+        (dict(kernel="laplace", sigma=0.1), "sigma applies to the gaussian kernel only, got sigma=0.1 with kernel 'laplace'"),
+        (dict(kernel="helmholtz"), "the helmholtz kernel needs wavenumber \\(k\\), got none"),
+        (dict(kernel="helmholtz", wavenumber=math.nan), "wavenumber must be finite, got nan"),
+        (dict(kernel="helmholtz", wavenumber=-math.inf), "wavenumber must be finite, got -inf"),
+        (dict(kernel="gaussian", sigma=0.1, wavenumber=2.0),
+         "wavenumber applies to the helmholtz kernel only, got wavenumber=2.0 with kernel 'gaussian'"),
+    ]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            pointops.ParticleSum(**kwargs)
+
+
+def test_particle_sum_module_parameter_types():
+    # float("abc") used to raise "could not convert string to float", float([1.0]) a TypeError
+    # naming no argument; True used to be taken as 1.0.
+    for bad, shown in (("abc", "str 'abc'"), ([1.0], r"list \[1.0\]"), (True, "bool True"), (1j, "complex 1j")):
+        with pytest.raises(TypeError, match=rf"sigma must be a real number or None, got {shown}"):
+            pointops.ParticleSum("gaussian", sigma=bad)
+        with pytest.raises(TypeError, match=rf"wavenumber must be a real number or None, got {shown}"):
+            pointops.ParticleSum("helmholtz", wavenumber=bad)
+    # Real numbers of other types are fine.
+    assert pointops.ParticleSum("gaussian", sigma=np.float32(0.5)).sigma == 0.5
+    assert pointops.ParticleSum("helmholtz", wavenumber=3).wavenumber == 3.0
+
+
+# ---------------------------------------------------------------- build_info
+def test_build_info():
+    info = pointops.build_info()
+    assert {"version", "cuda", "cuda_version", "torch_version", "loaded"} <= set(info)
+    assert info["version"] == pointops.__version__ and isinstance(info["cuda"], bool)
+    with pytest.raises(TypeError):
+        pointops.build_info(True)
