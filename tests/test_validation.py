@@ -6,6 +6,7 @@ Also: the valid edges these checks must keep accepting, and torch.compile(fullgr
 the checks with the scalars passed as arguments of the compiled function.
 """
 import math
+import re
 
 import numpy as np
 import pytest
@@ -301,3 +302,49 @@ def test_build_info():
     assert info["version"] == pointops.__version__ and isinstance(info["cuda"], bool)
     with pytest.raises(TypeError):
         pointops.build_info(True)
+
+
+# ---------------------------------------------------------------- gaps outside this change
+# Entry points whose Python layer is owned elsewhere (pointops/chamfer.py's nearest_neighbor /
+# chamfer, pointops/chamfer_loss.py). Strict: each starts failing (XPASS) once its gap is closed,
+# so that the marker is removed then. test_fuzz.py leaves these inputs out for the same reason.
+def assert_clear_error(call, argument):
+    """The call raises RuntimeError / ValueError / TypeError (not NotImplementedError) naming `argument`."""
+    with pytest.raises(Exception) as info:
+        call()
+    error = info.value
+    assert isinstance(error, (RuntimeError, ValueError, TypeError)) and not isinstance(error, NotImplementedError), (
+        repr(error))
+    assert re.search(rf"(?<!\w){argument}(?!\w)", str(error)), repr(error)
+
+
+gap = pytest.mark.xfail(strict=True, raises=AssertionError, reason="a gap reported in issue 10, not fixed here")
+
+
+@gap
+def test_gap_nearest_neighbor_none():
+    # RuntimeError "tensor does not have a device": None reaches the dispatcher.
+    assert_clear_error(lambda: pointops.nearest_neighbor(None, torch.rand(1, 4, 3)), "x")
+
+
+@gap
+def test_gap_chamfer_distance_complex_lengths():
+    # NotImplementedError "aminmax_cpu" not implemented for 'ComplexFloat': the lengths' values are
+    # read before any dtype check.
+    assert_clear_error(lambda: pointops.chamfer_distance(torch.rand(2, 5, 3), torch.rand(2, 4, 3),
+                                                         torch.tensor([1j, 1j])), "x_lengths")
+
+
+@gap
+def test_gap_chamfer_distance_complex_weights():
+    # NotImplementedError "lt_cpu" not implemented for 'ComplexFloat': weights < 0 before any dtype check.
+    assert_clear_error(lambda: pointops.chamfer_distance(torch.rand(2, 5, 3), torch.rand(2, 4, 3),
+                                                         weights=torch.tensor([1j, 1j])), "weights")
+
+
+@gap
+def test_gap_chamfer_distance_integer_normals():
+    # RuntimeError "expected common dtype to be floating point, yet common dtype is Long" from
+    # cosine_similarity, naming no argument.
+    x, y = torch.rand(2, 5, 3), torch.rand(2, 4, 3)
+    assert_clear_error(lambda: pointops.chamfer_distance(x, y, x_normals=x.long(), y_normals=y.long()), "x_normals")
