@@ -24,6 +24,7 @@ reference cloud is scattered with float atomics unless
 ``torch.use_deterministic_algorithms(True)`` is set, in which case a sort-based path makes it
 bitwise repeatable.
 """
+import numbers
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -141,16 +142,79 @@ def _valid_mask(lengths: Tensor, n: int) -> Tensor:
     return torch.arange(n, device=lengths.device)[None, :] < lengths[:, None]
 
 
+def _checking_values() -> bool:
+    """Checks that read tensor values cost a host sync and break a torch.compile graph: eager only."""
+    return not torch.compiler.is_compiling()
+
+
+def _check_fscore_dist(dist, name: str, layout: str) -> None:
+    if not isinstance(dist, Tensor):
+        raise TypeError(f"fscore: {name} must be a tensor {layout}, got {type(dist).__name__}")
+    if dist.dim() != 2:
+        raise ValueError(f"fscore: {name} must be a 2-D tensor {layout}, got shape {tuple(dist.shape)}")
+    if not dist.dtype.is_floating_point:
+        raise TypeError(f"fscore: {name} must be a floating-point tensor of squared distances, got {dist.dtype}")
+
+
+def _check_fscore_threshold(threshold) -> None:
+    # bool is an int subclass, but threshold=True is a mistake, not 1.0. A tensor is refused: checking
+    # its value would cost a host sync on every call.
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+        raise TypeError(f"fscore: threshold must be a real number (a squared distance), got "
+                        f"{type(threshold).__name__} {threshold!r}")
+    if not threshold >= 0:  # written so that NaN fails it too
+        raise ValueError(f"fscore: threshold must be a non-negative squared distance, got {threshold}")
+
+
+def _check_fscore_lengths(lengths, name: str, dist: Tensor, dist_name: str) -> None:
+    if lengths is None:
+        return
+    if not isinstance(lengths, Tensor):
+        raise TypeError(f"fscore: {name} must be a tensor (B,) or None, got {type(lengths).__name__}")
+    if lengths.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"fscore: {name} must be an int64 (or int32) tensor, got {lengths.dtype}")
+    B, N = dist.shape
+    if lengths.shape != (B,):
+        raise ValueError(f"fscore: {name} must have shape (B,) = ({B},) to match {dist_name}, "
+                         f"got shape {tuple(lengths.shape)}")
+    if lengths.device != dist.device:
+        raise ValueError(f"fscore: {name} must be on the same device as {dist_name} ({dist.device}), "
+                         f"got {lengths.device}")
+    if lengths.numel() > 0 and _checking_values():
+        lo, hi = (int(v) for v in torch.aminmax(lengths))
+        if lo < 0 or hi > N:
+            raise ValueError(f"fscore: {name} must lie in [0, {N}] (the points per cloud of {dist_name}), "
+                             f"got values in [{lo}, {hi}]")
+
+
 def fscore(dist1: Tensor, dist2: Tensor, threshold: float = 1e-3, x_lengths: Optional[Tensor] = None,
            y_lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """F-score at ``threshold`` from the two Chamfer directions (as ChamferDistancePytorch's).
 
     ``dist1`` (B, N), ``dist2`` (B, M) are *squared* distances as returned by :func:`chamfer`;
     a point counts as matched when its squared distance is below ``threshold``.
-    Returns ``(fscore, precision, recall)``, each (B,): precision = fraction of x matched,
+    Returns ``(fscore, precision, recall)``, each (B,) float32: precision = fraction of x matched,
     recall = fraction of y matched, fscore = 2pr / (p + r), 0 where p + r = 0 or a cloud is empty.
-    Padded points (beyond ``*_lengths``) are not counted.
+    Padded points (beyond ``*_lengths``) are not counted; NaN distances never count as matched.
+
+    Raises:
+        TypeError: a non-tensor or non-floating ``dist1`` / ``dist2``, a ``threshold`` that is not
+            a real number, ``*_lengths`` that are not int64 / int32 tensors.
+        ValueError: ``dist1`` / ``dist2`` not 2-D or with different batch sizes or devices, a
+            negative or NaN ``threshold``, ``*_lengths`` not of shape (B,), on another device, or
+            (eager only: it reads the values, one host sync) outside [0, N].
     """
+    _check_fscore_dist(dist1, "dist1", "(B, N)")
+    _check_fscore_dist(dist2, "dist2", "(B, M)")
+    if dist2.shape[0] != dist1.shape[0]:
+        raise ValueError(f"fscore: dist1 and dist2 must have the same batch size B, got dist1 "
+                         f"{tuple(dist1.shape)} and dist2 {tuple(dist2.shape)}")
+    if dist2.device != dist1.device:
+        raise ValueError(f"fscore: dist2 must be on the same device as dist1 ({dist1.device}), got {dist2.device}")
+    _check_fscore_threshold(threshold)
+    _check_fscore_lengths(x_lengths, "x_lengths", dist1, "dist1")
+    _check_fscore_lengths(y_lengths, "y_lengths", dist2, "dist2")
+
     def fraction(dist, lengths):
         B, N = dist.shape
         if lengths is None:

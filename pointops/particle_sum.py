@@ -70,6 +70,8 @@ enters NaN).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Optional
 
 import torch
@@ -83,6 +85,46 @@ _REAL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def _unknown_kernel(kernel) -> str:
     return f"kernel must be one of {', '.join(repr(k) for k in KERNELS)}, got {kernel!r}"
+
+
+def _check_tensors(targets, sources, weights) -> None:
+    # None reaches the op as an undefined tensor, whose messages ("tensor does not have a device",
+    # "got shape [0]") do not say what is wrong; a list gets the dispatcher's RuntimeError.
+    if isinstance(targets, Tensor) and isinstance(sources, Tensor) and isinstance(weights, Tensor):
+        return  # the common case first: three isinstance calls per particle_sum call
+    for value, name, layout in ((targets, "targets", "(M, D) or (B, M, D)"), (sources, "sources", "(N, D) or (B, N, D)"),
+                                (weights, "weights", "(N,), (N, C), (B, N) or (B, N, C)")):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a tensor {layout}, got {type(value).__name__}")
+
+
+def _parameter(value, name: str) -> Optional[float]:
+    """sigma / wavenumber as a float (None stays None). A bool is refused: sigma=True is a mistake."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number or None, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _check_parameters(kernel: str, sigma: Optional[float], wavenumber: Optional[float]) -> None:
+    """The C++ op's kernel-parameter checks (check_kernel_parameters), for ParticleSum's
+    constructor, so a bad module fails where it is built rather than at its first call."""
+    if kernel == "gaussian":
+        if sigma is None:
+            raise ValueError("the gaussian kernel needs sigma (its width), got none")
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise ValueError(f"sigma must be finite and > 0, got {sigma}")
+    elif sigma is not None:
+        raise ValueError(f"sigma applies to the gaussian kernel only, got sigma={sigma} with kernel {kernel!r}")
+    if kernel == "helmholtz":
+        if wavenumber is None:
+            raise ValueError("the helmholtz kernel needs wavenumber (k), got none")
+        if not math.isfinite(wavenumber):
+            raise ValueError(f"wavenumber must be finite, got {wavenumber}")
+    elif wavenumber is not None:
+        raise ValueError(f"wavenumber applies to the helmholtz kernel only, got wavenumber={wavenumber} "
+                         f"with kernel {kernel!r}")
 
 
 def particle_sum(targets: Tensor, sources: Tensor, weights: Tensor, kernel: str = "gaussian", *,
@@ -109,6 +151,7 @@ def particle_sum(targets: Tensor, sources: Tensor, weights: Tensor, kernel: str 
     with k r <= 100); float64: 1e-12. See the module docstring for the details.
 
     Raises:
+        TypeError: targets, sources or weights not a tensor.
         RuntimeError: an unknown kernel, a missing / non-positive / NaN sigma, a missing or
             non-finite wavenumber, D != 3 for laplace or helmholtz, mismatched shapes, batch,
             dtype or device, integer tensors.
@@ -117,13 +160,16 @@ def particle_sum(targets: Tensor, sources: Tensor, weights: Tensor, kernel: str 
         >>> x, y, c = torch.rand(1000, 3), torch.rand(5000, 3), torch.randn(5000)
         >>> f = pointops.particle_sum(x, y, c, "gaussian", sigma=0.1)      # (1000,)
     """
+    _check_tensors(targets, sources, weights)
     return torch.ops.pointops.particle_sum(targets, sources, weights, kernel, sigma, wavenumber)
 
 
 class ParticleSum(nn.Module):
     """:func:`particle_sum` with the kernel and its parameter held by the module.
 
-    ``ParticleSum("gaussian", sigma=0.1)(targets, sources, weights)``.
+    ``ParticleSum("gaussian", sigma=0.1)(targets, sources, weights)``. The kernel and its
+    parameter are checked at construction: ValueError for an unknown kernel or a missing, refused or
+    out-of-range sigma / wavenumber, TypeError for a parameter that is not a real number.
     """
 
     def __init__(self, kernel: str = "gaussian", *, sigma: Optional[float] = None,
@@ -132,8 +178,9 @@ class ParticleSum(nn.Module):
         if kernel not in KERNELS:
             raise ValueError(_unknown_kernel(kernel))
         self.kernel = kernel
-        self.sigma = None if sigma is None else float(sigma)
-        self.wavenumber = None if wavenumber is None else float(wavenumber)
+        self.sigma = _parameter(sigma, "sigma")
+        self.wavenumber = _parameter(wavenumber, "wavenumber")
+        _check_parameters(kernel, self.sigma, self.wavenumber)
 
     def forward(self, targets: Tensor, sources: Tensor, weights: Tensor) -> Tensor:
         return particle_sum(targets, sources, weights, self.kernel, sigma=self.sigma, wavenumber=self.wavenumber)

@@ -28,6 +28,8 @@ the count as a device tensor instead: no sync and static shapes (CUDA graphs).
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
@@ -72,12 +74,59 @@ class VoxelFeatures(NamedTuple):
 
 
 def _floats(values: FloatSeq, name: str) -> list[float]:
+    """The values of a voxel_size / point_range argument as Python floats. Only the types are
+    checked here; the counts and values (finite, positive, min < max) are the C++ op's checks."""
     if isinstance(values, Tensor):
+        if values.dim() != 1:
+            raise ValueError(f"voxelize: {name} must be a sequence of floats or a 1-D tensor, got a tensor of shape "
+                             f"{tuple(values.shape)}")
+        if values.dtype.is_complex or values.dtype == torch.bool:
+            raise TypeError(f"voxelize: {name} must hold real numbers, got a {values.dtype} tensor")
         values = values.detach().cpu().tolist()  # a sync when on a GPU; pass sequences in hot loops
+    # A string is iterable, but "0.2" or "abc" is a mistake, not a sequence of numbers.
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"voxelize: {name} must be a sequence of floats or a 1-D tensor, got {type(values).__name__}")
+    floats = []
+    for i, v in enumerate(values):
+        # type() first: the abstract-class isinstance is slower, and this runs on every call.
+        if type(v) not in (float, int) and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+            raise TypeError(f"voxelize: {name}[{i}] must be a real number, got {type(v).__name__} {v!r}")
+        floats.append(float(v))
+    return floats
+
+
+def _int(value, name: str) -> int:
+    """An int argument (max_points_per_voxel, max_voxels) as a Python int. Refuses what int() would
+    silently truncate or parse (2.7, "5", True); the lower bounds are the C++ op's checks."""
+    if isinstance(value, bool):
+        raise TypeError(f"voxelize: {name} must be an int, got bool {value!r}")
     try:
-        return [float(v) for v in values]
+        value = operator.index(value)  # int, numpy integers, 0-d integer tensors
     except TypeError:
-        raise TypeError(f"{name} must be a sequence of floats or a 1-D tensor, got {type(values).__name__}") from None
+        raise TypeError(f"voxelize: {name} must be an int, got {type(value).__name__} {value!r}") from None
+    if not -_INT64_MAX - 1 <= value <= _INT64_MAX:  # the op takes int64
+        raise ValueError(f"voxelize: {name} must fit in int64, got {value}")
+    return value
+
+
+def _tensor(value, name: str, layout: str) -> None:
+    # None or a list would reach the dispatcher, whose messages ("no fallback function is registered",
+    # "tensor does not have a device") do not say which argument is wrong.
+    if not isinstance(value, Tensor):
+        raise TypeError(f"voxelize: {name} must be a tensor {layout}, got {type(value).__name__}")
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, bool):  # padded="no" would be truthy
+        raise TypeError(f"voxelize: {name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_python_arguments(points, batch, voxel_size, point_range) -> tuple[list[float], list[float]]:
+    _tensor(points, "points", "(N, F)")
+    if batch is not None:
+        _tensor(batch, "batch", "(N,) int64 or None")
+    return _floats(voxel_size, "voxel_size"), _floats(point_range, "point_range")
 
 
 def voxelize(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, max_points_per_voxel: int,
@@ -101,17 +150,22 @@ def voxelize(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, max_po
         :class:`Voxels` (see the module docstring for the exact contract).
 
     Raises:
+        TypeError: ``points`` or ``batch`` not a tensor, ``voxel_size`` / ``point_range`` not a
+            sequence of real numbers (or a real 1-D tensor), caps that are not ints (2.5, "5" and
+            True are refused, not truncated), ``padded`` not a bool.
+        ValueError: a ``voxel_size`` / ``point_range`` tensor that is not 1-D, a cap beyond int64.
         RuntimeError: non-floating or wrongly shaped points, F < 3, a bad batch tensor (dtype, shape,
-            device, or, unless padded, an index outside the valid range), non-positive voxel size,
-            min >= max, caps < 1, or a grid whose flattened cell key would overflow int64.
+            device, or, unless padded, an index outside the valid range), the wrong number of
+            voxel_size / point_range values, non-positive or non-finite voxel size, min >= max,
+            caps < 1, or a grid whose flattened cell key would overflow int64.
 
     Not differentiable (the outputs carry no gradient); use :func:`voxel_features` for gradients.
     """
-    vs, pr = _floats(voxel_size, "voxel_size"), _floats(point_range, "point_range")
-    if padded:
-        out = torch.ops.pointops.voxelize_padded(points, batch, vs, pr, int(max_points_per_voxel), int(max_voxels))
-        return Voxels(*out)
-    return Voxels(*torch.ops.pointops.voxelize(points, batch, vs, pr, int(max_points_per_voxel), int(max_voxels)))
+    vs, pr = _check_python_arguments(points, batch, voxel_size, point_range)
+    max_points_per_voxel, max_voxels = _int(max_points_per_voxel, "max_points_per_voxel"), _int(max_voxels, "max_voxels")
+    if _flag(padded, "padded"):
+        return Voxels(*torch.ops.pointops.voxelize_padded(points, batch, vs, pr, max_points_per_voxel, max_voxels))
+    return Voxels(*torch.ops.pointops.voxelize(points, batch, vs, pr, max_points_per_voxel, max_voxels))
 
 
 def voxel_features(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, reduce: str = "mean", *,
@@ -132,13 +186,17 @@ def voxel_features(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, 
     that attains the maximum of that column. The cell assignment itself is piecewise constant and
     has no gradient. Double backward works for all three reductions (the backward is linear in the
     features' gradient; its derivative in the points is 0 almost everywhere).
+
+    Raises:
+        As :func:`voxelize` for the shared arguments; RuntimeError for an unknown ``reduce``.
     """
-    vs, pr = _floats(voxel_size, "voxel_size"), _floats(point_range, "point_range")
+    vs, pr = _check_python_arguments(points, batch, voxel_size, point_range)
     return VoxelFeatures(*torch.ops.pointops.voxel_features(points, batch, vs, pr, reduce))
 
 
 class Voxelizer(nn.Module):
     """Holds the voxelization parameters; ``forward(points, batch=None)`` calls :func:`voxelize`.
+    The parameters are checked at construction, with :func:`voxelize`'s errors.
 
     Example::
 
@@ -152,11 +210,12 @@ class Voxelizer(nn.Module):
         super().__init__()
         self.voxel_size = tuple(_floats(voxel_size, "voxel_size"))
         self.point_range = tuple(_floats(point_range, "point_range"))
-        self.max_points_per_voxel = int(max_points_per_voxel)
-        self.max_voxels = int(max_voxels)
-        self.padded = bool(padded)
+        self.max_points_per_voxel = _int(max_points_per_voxel, "max_points_per_voxel")
+        self.max_voxels = _int(max_voxels, "max_voxels")
+        self.padded = _flag(padded, "padded")
         # Fail at construction, not at the first batch.
         _check_grid(list(self.voxel_size), list(self.point_range))
+        _check_caps(self.max_points_per_voxel, self.max_voxels)
 
     @property
     def grid_size(self) -> tuple[int, int, int]:
@@ -190,6 +249,9 @@ def _check_grid(voxel_size: list[float], point_range: list[float]) -> list[int]:
             raise RuntimeError(f"voxelize: point_range must have min < max (both finite), got min {lo} >= max {hi} "
                                f"for {axis}")
         ratio = (hi - lo) / size  # > 0 here; round half away from zero, as C++ std::round
+        if math.isinf(ratio):  # a subnormal size, or max - min overflowing: floor() would raise OverflowError
+            raise RuntimeError(f"voxelize: the grid has inf cells along {axis}; coordinates are int32, so at most "
+                               "2^31 - 1")
         n = math.floor(ratio)
         n += 1 if ratio - n >= 0.5 else 0  # exact: ratio - floor(ratio) has no rounding error
         if n < 1:
