@@ -80,6 +80,13 @@ def _chamfer_grads(x, y, idx1, idx2, grad_dist1, grad_dist2):
 
 
 # ---------------------------------------------------------------- public API
+def _require_tensors(**arguments) -> None:
+    """A non-tensor (None, a list) would reach the dispatcher, which cannot even pick a device."""
+    for name, value in arguments.items():
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+
+
 def nearest_neighbor(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None,
                      y_lengths: Optional[Tensor] = None, *, norm: int = 2) -> Tuple[Tensor, Tensor]:
     """For every point of ``x`` its nearest point in ``y``.
@@ -97,6 +104,7 @@ def nearest_neighbor(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None,
     Example:
         >>> dist, idx = pointops.nearest_neighbor(torch.rand(2, 100, 3), torch.rand(2, 80, 3))
     """
+    _require_tensors(x=x, y=y)
     return tuple(torch.ops.pointops.nearest_neighbor(x, y, x_lengths, y_lengths, norm))
 
 
@@ -116,6 +124,7 @@ def chamfer(x: Tensor, y: Tensor, x_lengths: Optional[Tensor] = None,
     Squared distances (L1 with ``norm=1``); semantics as :func:`nearest_neighbor`.
     Differentiable in x and y.
     """
+    _require_tensors(x=x, y=y)
     return ChamferOutput(*torch.ops.pointops.chamfer(x, y, x_lengths, y_lengths, norm))
 
 
@@ -126,6 +135,7 @@ class ChamferFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, y):
+        _require_tensors(x=x, y=y)
         dist1, dist2, idx1, idx2 = torch.ops.pointops.chamfer(x, y, None, None)
         ctx.save_for_backward(x, y, idx1, idx2)
         ctx.mark_non_differentiable(idx1, idx2)

@@ -39,6 +39,13 @@ def _validate_reductions(batch_reduction, point_reduction) -> None:
                          f"{batch_reduction!r}")
 
 
+def _validate_norm(norm, squared) -> None:
+    if isinstance(norm, bool) or norm not in (1, 2):  # True == 1 in Python; a flag is not a norm
+        raise ValueError(f"Support for 1 or 2 norm, got norm={norm!r}")
+    if not squared and norm != 2:
+        raise ValueError(f"squared=False applies to norm=2 only (norm=1 distances are not squared), got norm={norm}")
+
+
 def _is_pointclouds(obj) -> bool:
     """Duck-typed PyTorch3D ``Pointclouds`` (no dependency on PyTorch3D)."""
     return all(callable(getattr(obj, name, None)) for name in
@@ -60,10 +67,14 @@ def _unpack_cloud(points, lengths: Optional[Tensor], normals: Optional[Tensor], 
         if not torch.is_tensor(lengths) or lengths.ndim != 1 or lengths.shape[0] != points.shape[0]:
             got = tuple(lengths.shape) if torch.is_tensor(lengths) else type(lengths).__name__
             raise ValueError(f"Expected lengths to be of shape (N,) = ({points.shape[0]},); {name}_lengths is {got}")
+        if lengths.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"Expected lengths to be an int64 (or int32) tensor; {name}_lengths is {lengths.dtype}")
     if normals is not None and (not torch.is_tensor(normals) or normals.shape != points.shape):
         got = tuple(normals.shape) if torch.is_tensor(normals) else type(normals).__name__
         raise ValueError(f"Expected normals to be of shape (N, P, 3) like the points; {name}_normals is {got}, "
                          f"{name} is {tuple(points.shape)}")
+    if normals is not None and not normals.is_floating_point():
+        raise ValueError(f"Expected normals to be a floating-point tensor; {name}_normals is {normals.dtype}")
     return points, lengths, normals
 
 
@@ -86,6 +97,8 @@ def _validate_weights(weights: Tensor, x: Tensor) -> None:
     if not torch.is_tensor(weights) or weights.shape != (x.shape[0],):
         got = tuple(weights.shape) if torch.is_tensor(weights) else type(weights).__name__
         raise ValueError(f"weights must be of shape (N,) = ({x.shape[0]},), got {got}")
+    if not weights.is_floating_point():
+        raise ValueError(f"weights must be a floating-point tensor, got {weights.dtype}")
     if _checking_values() and weights.numel() > 0 and bool((weights < 0).any()):
         raise ValueError(f"weights cannot be negative, got a minimum of {weights.min().item()}")
 
@@ -232,10 +245,7 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
         >>> hausdorff, _ = pointops.chamfer_distance(x, y, point_reduction="max")
     """
     _validate_reductions(batch_reduction, point_reduction)
-    if norm not in (1, 2):
-        raise ValueError(f"Support for 1 or 2 norm, got norm={norm!r}")
-    if not squared and norm != 2:
-        raise ValueError(f"squared=False applies to norm=2 only (norm=1 distances are not squared), got norm={norm}")
+    _validate_norm(norm, squared)
     if point_reduction == "max" and (x_normals is not None or y_normals is not None):
         raise ValueError('Normals must be None if point_reduction is "max"')
     x, x_lengths, x_normals = _unpack_cloud(x, x_lengths, x_normals, "x")
@@ -296,8 +306,7 @@ class ChamferLoss(torch.nn.Module):
                  squared: bool = True):
         super().__init__()
         _validate_reductions(batch_reduction, point_reduction)
-        if norm not in (1, 2):
-            raise ValueError(f"Support for 1 or 2 norm, got norm={norm!r}")
+        _validate_norm(norm, squared)
         self.batch_reduction = batch_reduction
         self.point_reduction = point_reduction
         self.norm = norm

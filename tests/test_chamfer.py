@@ -423,6 +423,20 @@ def test_error_messages(device):
                                                       torch.zeros(2, 5, dtype=torch.int32, device=device))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_op_never_reads_past_y_for_a_hand_made_index(device):
+    x, y = random_clouds(2, 5, 4, 3, torch.float32, device)
+    bad = torch.full((2, 5), 7, dtype=torch.long, device=device)
+    bad[0, 0] = 2**40
+    backward = torch.ops.pointops._nearest_neighbor_backward
+    if device == "cpu":
+        with pytest.raises(RuntimeError, match=r"idx must hold indices in \[-1, 4\) \(into y\), got values in \[7, "):
+            backward(torch.ones(2, 5, device=device), x, y, bad)
+    else:  # CUDA cannot check without a sync: such an index counts as unmatched
+        grad_x, grad_y = backward(torch.ones(2, 5, device=device), x, y, bad)
+        assert (grad_x == 0).all() and (grad_y == 0).all()
+
+
 @requires_cuda
 def test_error_different_devices():
     x, y = random_clouds(2, 5, 4, 3, torch.float32, "cpu")

@@ -212,7 +212,7 @@ def strategies():
             return [points] * batch
         dtype = draw(st.sampled_from([torch.int64, torch.int32]))
         if kind == "dtype":
-            dtype = draw(st.sampled_from([torch.float32, torch.bool]))
+            dtype = draw(st.sampled_from([torch.float32, torch.bool, torch.complex64]))
         low, high = (0, points) if kind != "out_of_range" else (-3, points + 3)
         if dtype == torch.int32:
             high = min(high, 2**31 - 1)  # the 2^31-point clouds
@@ -344,20 +344,21 @@ def fuzz_chamfer_distance():
     def case(draw):
         c = draw(cloud_pair_strategy(s))
         x, y = c["x"], c["y"]
-        # Normals, weights: valid, wrong shape, or None, and always floating: integer normals and
-        # complex weights or lengths hit the chamfer_loss.py gaps that test_validation.py records
-        # as strict xfails.
-        normals = draw(s["mostly"](["none", "valid"], ["shape"]))
+        # Normals, weights: valid, wrong shape, wrong dtype (integer, complex), or None.
+        normals = draw(s["mostly"](["none", "valid"], ["shape", "dtype"]))
         for name, cloud in (("x_normals", x), ("y_normals", y)):
             c[name] = None
             if normals != "none" and cloud.dim() == 3 and cloud.shape[1] <= 64:  # not the 2^31-point view
-                shape = cloud.shape if normals == "valid" else (cloud.shape[0], cloud.shape[1] + 1, 3)
-                c[name] = draw(s["tensors"](tuple(shape), cloud.dtype if cloud.is_floating_point() else torch.float32,
-                                            cloud.device))
+                shape = cloud.shape if normals != "shape" else (cloud.shape[0], cloud.shape[1] + 1, 3)
+                dtype = cloud.dtype if cloud.is_floating_point() else torch.float32
+                if normals == "dtype":
+                    dtype = draw(st.sampled_from([torch.int64, torch.complex64]))
+                c[name] = draw(s["tensors"](tuple(shape), dtype, cloud.device))
         c["weights"] = None
         if draw(st.booleans()) and x.dim() >= 1:
             B = x.shape[0] + draw(s["mostly"]([0], [1]))
-            c["weights"] = draw(s["tensors"]((B,), draw(st.sampled_from([torch.float32, torch.float64])), x.device))
+            dtype = draw(s["mostly"]([torch.float32, torch.float64], [torch.int64, torch.complex64]))
+            c["weights"] = draw(s["tensors"]((B,), dtype, x.device))
         c["point_reduction"] = draw(s["mostly"](["mean", "sum", "max", None], ["min"]))
         # batch_reduction must be None with point_reduction None, normals None with "max".
         c["batch_reduction"] = draw(s["mostly"]([None] if c["point_reduction"] is None else ["mean", "sum", None],

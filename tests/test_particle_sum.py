@@ -425,6 +425,17 @@ def test_error_messages(device):
         ps(x[:, :0], y[:, :0], w, sigma=1.0)
 
 
+def test_cpu_refuses_more_accumulators_than_it_bounds():
+    # 2^17 accumulators per target (16 MiB of scratch per thread): more is refused up front, never
+    # an int overflow or a per-thread allocation that grows without bound.
+    x, y = torch.rand(2, 3), torch.rand(2, 3)
+    with pytest.raises(RuntimeError, match=r"131073 real weight column\(s\) x 1 part\(s\) need 131073 accumulators"):
+        pointops.particle_sum(x, y, torch.rand(2, 2**17 + 1), "gaussian", sigma=1.0)
+    with pytest.raises(RuntimeError, match=r"x \(1 \+ D\) = \(1 \+ 3\) moment slots need 160000 accumulators"):
+        pointops.particle_sum(x.clone().requires_grad_(), y, torch.rand(2, 40000), "gaussian", sigma=1.0)
+    assert pointops.particle_sum(x, y, torch.rand(2, 2**17), "gaussian", sigma=1.0).shape == (2, 2**17)
+
+
 @requires_cuda
 def test_error_different_devices():
     x, y, w = make_inputs(5, 4, seed=22)

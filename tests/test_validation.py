@@ -304,10 +304,7 @@ def test_build_info():
         pointops.build_info(True)
 
 
-# ---------------------------------------------------------------- gaps outside this change
-# Entry points whose Python layer is owned elsewhere (pointops/chamfer.py's nearest_neighbor /
-# chamfer, pointops/chamfer_loss.py). Strict: each starts failing (XPASS) once its gap is closed,
-# so that the marker is removed then. test_fuzz.py leaves these inputs out for the same reason.
+# ---------------------------------------------------------------- nearest_neighbor / chamfer_distance
 def assert_clear_error(call, argument):
     """The call raises RuntimeError / ValueError / TypeError (not NotImplementedError) naming `argument`."""
     with pytest.raises(Exception) as info:
@@ -318,33 +315,33 @@ def assert_clear_error(call, argument):
     assert re.search(rf"(?<!\w){argument}(?!\w)", str(error)), repr(error)
 
 
-gap = pytest.mark.xfail(strict=True, raises=AssertionError, reason="a gap reported in issue 10, not fixed here")
+def test_nearest_neighbor_non_tensors():
+    for call in (pointops.nearest_neighbor, pointops.chamfer, pointops.ChamferFunction.apply):
+        with pytest.raises(TypeError, match="x must be a torch.Tensor, got NoneType"):
+            call(None, torch.rand(1, 4, 3))
+        with pytest.raises(TypeError, match="y must be a torch.Tensor, got list"):
+            call(torch.rand(1, 4, 3), [[0.0, 0.0, 0.0]])
 
 
-@gap
-def test_gap_nearest_neighbor_none():
-    # RuntimeError "tensor does not have a device": None reaches the dispatcher.
-    assert_clear_error(lambda: pointops.nearest_neighbor(None, torch.rand(1, 4, 3)), "x")
-
-
-@gap
-def test_gap_chamfer_distance_complex_lengths():
-    # NotImplementedError "aminmax_cpu" not implemented for 'ComplexFloat': the lengths' values are
-    # read before any dtype check.
+def test_chamfer_distance_complex_lengths():
+    # The lengths' values are read (one sync) only after their dtype is known to be an integer.
     assert_clear_error(lambda: pointops.chamfer_distance(torch.rand(2, 5, 3), torch.rand(2, 4, 3),
                                                          torch.tensor([1j, 1j])), "x_lengths")
 
 
-@gap
-def test_gap_chamfer_distance_complex_weights():
-    # NotImplementedError "lt_cpu" not implemented for 'ComplexFloat': weights < 0 before any dtype check.
+def test_chamfer_distance_complex_weights():
     assert_clear_error(lambda: pointops.chamfer_distance(torch.rand(2, 5, 3), torch.rand(2, 4, 3),
                                                          weights=torch.tensor([1j, 1j])), "weights")
 
 
-@gap
-def test_gap_chamfer_distance_integer_normals():
-    # RuntimeError "expected common dtype to be floating point, yet common dtype is Long" from
-    # cosine_similarity, naming no argument.
+def test_chamfer_distance_integer_normals():
     x, y = torch.rand(2, 5, 3), torch.rand(2, 4, 3)
     assert_clear_error(lambda: pointops.chamfer_distance(x, y, x_normals=x.long(), y_normals=y.long()), "x_normals")
+
+
+def test_chamfer_norm_is_an_int_not_a_flag():
+    x, y = torch.rand(2, 5, 3), torch.rand(2, 4, 3)
+    with pytest.raises(ValueError, match="Support for 1 or 2 norm, got norm=True"):
+        pointops.chamfer_distance(x, y, norm=True)
+    with pytest.raises(ValueError, match="squared=False applies to norm=2 only"):
+        pointops.ChamferLoss(norm=1, squared=False)  # refused when built, not at the first call

@@ -75,7 +75,8 @@ Metric metric_from_norm(int64_t norm) {
 std::tuple<at::Tensor, at::Tensor> matched_queries_by_reference(const at::Tensor& idx, int64_t M) {
   const int64_t B = idx.size(0), N = idx.size(1);
   const auto batch_base = at::arange(B, idx.options()).mul_(M).unsqueeze(1);
-  const auto keys = at::where(idx >= 0, idx + batch_base, at::full({}, B * M, idx.options())).flatten();
+  // An index outside [0, M) (only a hand-made idx has one) belongs to no run: never out of bounds.
+  const auto keys = at::where((idx >= 0) & (idx < M), idx + batch_base, at::full({}, B * M, idx.options())).flatten();
   // Stable: the queries of one reference point stay in increasing order, which fixes the
   // summation order of its gradient.
   const auto [sorted_keys, order] = at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/false);

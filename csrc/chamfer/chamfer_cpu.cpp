@@ -190,6 +190,11 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cpu(const at::Tenso
   const auto x_contig = x.contiguous();
   const auto y_contig = y.contiguous();
   const auto idx_contig = idx.contiguous();
+  {  // The indices come from the forward; a hand-made one outside [-1, M) would read past y.
+    const auto [lo, hi] = at::aminmax(idx_contig);
+    TORCH_CHECK(lo.item<int64_t>() >= -1 && hi.item<int64_t>() < M, "idx must hold indices in [-1, ", M,
+                ") (into y), got values in [", lo.item<int64_t>(), ", ", hi.item<int64_t>(), "]");
+  }
   const auto [order, offsets] = matched_queries_by_reference(idx_contig, M);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "nearest_neighbor_backward_cpu", [&] {
     dispatch_metric(metric, [&](auto metric_tag) {

@@ -401,7 +401,9 @@ __global__ void nearest_neighbor_backward_queries_kernel(
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t q = e / dim, c = e % dim;
     const int64_t j = idx[q];
-    if (j < 0) {
+    // j = -1: unmatched. j >= M only comes from a hand-made idx (checking would cost a device
+    // sync): ignored like -1, never read out of bounds (the CPU refuses it).
+    if (j < 0 || j >= M) {
       grad_x[e] = scalar_t(0);
       continue;
     }

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "particle_sum/particle_sum.h"
@@ -259,10 +260,20 @@ void accumulate_task(const PairMath<K, T>& math, const CpuCall& call, int64_t b,
   accumulate_task_body<K, T, DIM>(math, call, b, i0, lanes, j0, j1, totals.data());
 }
 
+// 2^17 accumulators: 16 MiB of scratch per thread.
+constexpr int64_t kMaxCpuAccumulators = int64_t(1) << 17;
+
 template <ParticleKernel K, typename T, int DIM>
 void particle_sum_cpu_kernel(const PairMath<K, T>& math, const CpuCall& call, const ParticleKernelConstants& constants,
                              const ParticleSumProblem& p, ParticleSumOutputs& out) {
   constexpr int P = PairMath<K, T>::kParts;
+  // Each thread keeps kLanes x (columns x parts x slots) double accumulators (128 bytes per
+  // accumulator per thread), indexed with int: bound both before anything is allocated.
+  const int64_t wanted = call.R * P * (call.moments ? 1 + call.D : 1);
+  TORCH_CHECK(wanted <= kMaxCpuAccumulators, "particle_sum on the CPU: ", call.R, " real weight column(s) x ", P,
+              " part(s)", call.moments ? " x (1 + D) = (1 + " + std::to_string(call.D) + ") moment slots" : std::string(),
+              " need ", wanted, " accumulators per target, more than the ", kMaxCpuAccumulators,
+              " supported; split the weight columns into several calls");
   const int slots = call.moments ? static_cast<int>(1 + call.D) : 1;
   const AccumulatorLayout acc{static_cast<int>(call.R), P, slots, call.moments ? static_cast<int>(call.D) : 0, 0,
                               p.complex_weights};
