@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The one command the GPU machine runs each session: build, CUDA tests, compute-sanitizer,
-# benchmarks. Logs land in $OUT (the device tool brings them back).
-#   STAGES="build test sanitize bench" scripts/gpu_check.sh     (default: all four)
+# benchmarks, multi-GPU (DDP example timing, second-GPU tests). Logs land in $OUT (the device tool
+# brings them back).
+#   STAGES="build test sanitize bench ddp" scripts/gpu_check.sh     (default: all five)
 #   PYTEST_TARGETS=tests/test_chamfer.py PYTEST_K="cuda" BENCH_ARGS="--only chamfer" ...
 #   SANITIZE_TESTS=tests/test_particle_sum.py   (the tests run under memcheck; "none" skips them)
+#   DDP_ARGS="--time --steps 120 ..."   (examples/ddp_chamfer.py's arguments in the ddp stage)
 # Data for the data tests travels as .data/ (a copy of ../shared/data, git-ignored).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/pointops-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-build test sanitize bench}
+STAGES=${STAGES:-build test sanitize bench ddp}
 export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} PYTHONUNBUFFERED=1
 # The GPU image's Python was built with /opt/gcc/bin/g++, which links libstdc++ statically into
 # every extension: a second libstdc++ copy whose locale facets are never initialised, so the first
@@ -63,5 +65,26 @@ if stage bench; then
   python benchmarks/run.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
+fi
+
+# Multi-GPU: the DDP example timed on 1 and 2 GPUs (NCCL, the same global batch), then the
+# second-GPU device-guard tests. Needs >= 2 GPUs; on fewer it says so and passes.
+if stage ddp; then
+  gpus=$(python -c "import torch; print(torch.cuda.device_count())")
+  if [ "${gpus:-0}" -lt 2 ]; then
+    echo "ddp: skipped, needs 2 GPUs (found ${gpus:-none})"
+  else
+    export NCCL_NVLS_ENABLE=0  # NVLink multicast must stay off on our GPU host
+    for nproc in 1 2; do
+      python -m torch.distributed.run --standalone --nproc_per_node=$nproc examples/ddp_chamfer.py \
+        ${DDP_ARGS:---time --steps 120 --warmup 20 --batch 128 --points 8192 --hidden 512} >"$OUT/ddp-${nproc}gpu.log" 2>&1
+      rc=$?
+      echo "ddp on $nproc GPU(s): rc=$rc, $(grep -E '^step time' "$OUT/ddp-${nproc}gpu.log")"
+      [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/ddp-${nproc}gpu.log"; }
+    done
+    python -m pytest tests/test_multi_gpu.py -q -ra -p no:cacheprovider 2>&1 | tee "$OUT/pytest-multi-gpu.log" | tail -15
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
+  elapsed ddp
 fi
 exit $status
