@@ -46,4 +46,7 @@ def build_ext_class():
     return BuildExtension.with_options(use_ninja=True)
 
 
+# A toolchain that links libstdc++ statically builds a module whose error paths segfault (see
+# pointops/_toolchain.py): probe the one setuptools would use and switch to the system g++ if needed.
+os.environ.update(_load("_pointops_toolchain", ROOT / "pointops" / "_toolchain.py").choose(for_jit=False))
 setup(ext_modules=extensions(), cmdclass={"build_ext": build_ext_class()})

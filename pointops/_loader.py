@@ -11,7 +11,7 @@ Environment:
 import importlib
 import os
 
-from . import _sources
+from . import _sources, _toolchain
 from ._version import __version__
 
 
@@ -30,17 +30,28 @@ def _jit_build():
     macros = _sources.define_macros(__version__, with_cuda)
     # ninja hands flags to a shell: string literals keep their quotes only when escaped.
     defines = [f"-D{k}" if v is None else f"-D{k}={v}".replace('"', '\\"') for k, v in macros]
-    return load(
-        name=name,
-        sources=_sources.source_files(with_cuda),
-        extra_cflags=_sources.cxx_flags() + defines,
-        extra_cuda_cflags=_sources.nvcc_flags() + defines if with_cuda else None,
-        extra_ldflags=_sources.link_flags(),
-        extra_include_paths=[str(_sources.CSRC)],
-        with_cuda=with_cuda,
-        is_python_module=True,
-        verbose=os.environ.get("POINTOPS_JIT_VERBOSE", "0") == "1",
-    )
+    # The same toolchain check as setup.py (pointops/_toolchain.py), for this build only.
+    chosen = _toolchain.choose(for_jit=True)
+    saved = {key: os.environ.get(key) for key in chosen}
+    os.environ.update(chosen)
+    try:
+        return load(
+            name=name,
+            sources=_sources.source_files(with_cuda),
+            extra_cflags=_sources.cxx_flags() + defines,
+            extra_cuda_cflags=_sources.nvcc_flags() + defines if with_cuda else None,
+            extra_ldflags=_sources.link_flags(),
+            extra_include_paths=[str(_sources.CSRC)],
+            with_cuda=with_cuda,
+            is_python_module=True,
+            verbose=os.environ.get("POINTOPS_JIT_VERBOSE", "0") == "1",
+        )
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def load_extension():

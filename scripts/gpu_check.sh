@@ -15,9 +15,10 @@ STAGES=${STAGES:-build test sanitize bench ddp}
 export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} PYTHONUNBUFFERED=1
 # The GPU image's Python was built with /opt/gcc/bin/g++, which links libstdc++ statically into
 # every extension: a second libstdc++ copy whose locale facets are never initialised, so the first
-# integer formatted into an error message segfaults (even a one-function load_inline extension;
-# scripts/debug/inline_probe.py). Build with the system compiler, which links it dynamically.
-if [ -x /usr/bin/g++ ]; then
+# integer formatted into an error message segfaulted. setup.py and the JIT loader now probe the
+# toolchain and switch to the system g++ themselves (pointops/_toolchain.py): the build below is
+# the README's. LEGACY_SYSTEM_GXX=1 forces the old explicit override.
+if [ "${LEGACY_SYSTEM_GXX:-0}" = 1 ] && [ -x /usr/bin/g++ ]; then
   export CC=/usr/bin/gcc CXX=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared"
 fi
 status=0
@@ -33,8 +34,12 @@ if stage build; then
     tail -60 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
   fi
   echo "build: $(( $(date +%s) - start )) s"
-  python -c "import pointops, torch; print(pointops.build_info(), torch.cuda.get_device_name())"
+  grep "pointops:" "$OUT/build.log" | head -5
   ldd pointops/_C*.so | grep -q libstdc++ || echo "WARNING: pointops/_C links libstdc++ statically"
+  # Error paths first, each in a child process: a crash here means the toolchain fix failed.
+  python -m pytest tests/test_error_paths.py -q -p no:cacheprovider 2>&1 | tail -3
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "ERROR PATHS CRASH OR FAIL"; exit 1; }
+  python -c "import pointops, torch; print(pointops.build_info(), torch.cuda.get_device_name())"
 fi
 
 if stage test; then
