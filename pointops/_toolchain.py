@@ -11,8 +11,8 @@ and torch's JIT (through `c++` on the PATH) picked a toolchain that links libstd
 What: before building, link a two-line C++ shared object with exactly the toolchain the build would
 use and read its dynamic section (`readelf -d`): a healthy toolchain lists libstdc++.so as NEEDED.
 If it does not, try the system g++ (which links libstdc++ dynamically on every distribution we
-know) and, when that one is healthy, use it, saying so. Users who set CC/CXX/LDSHARED themselves
-get a warning, never a silent override. Shared by setup.py and the JIT loader; imports nothing
+know) and, when that one is healthy, use it, saying so, even over CC/CXX/LDSHARED from the
+environment (the GPU image exports its /opt/gcc compilers); POINTOPS_KEEP_TOOLCHAIN=1 keeps them. Shared by setup.py and the JIT loader; imports nothing
 from the package.
 """
 import os
@@ -88,11 +88,13 @@ def choose(for_jit: bool, log=print) -> Dict[str, str]:
         verdict = _links_libstdcxx_dynamically(default, Path(tmp))
         if verdict is not False:
             return {}
+        # CC/CXX may come from the environment rather than the user (the GPU image exports its
+        # /opt/gcc compilers): a module known to crash is not what anyone asked for, so they are
+        # replaced too, saying so, unless POINTOPS_KEEP_TOOLCHAIN=1.
         user_set = [name for name in _USER_VARIABLES if name in os.environ]
-        if user_set:
-            log(f"pointops: WARNING: {' '.join(default)} links libstdc++ statically into extensions, and "
-                f"{', '.join(user_set)} {'is' if len(user_set) == 1 else 'are'} set, so it is used as asked; the "
-                "module's error paths may crash. Build with a compiler that links libstdc++ dynamically.")
+        if user_set and os.environ.get("POINTOPS_KEEP_TOOLCHAIN") == "1":
+            log(f"pointops: WARNING: {' '.join(default)} links libstdc++ statically into extensions; kept because "
+                "POINTOPS_KEEP_TOOLCHAIN=1: the module's error paths may crash.")
             return {}
         for candidate in SYSTEM_CXX:
             if os.path.exists(candidate) and _links_libstdcxx_dynamically([candidate], Path(tmp)):
@@ -100,8 +102,10 @@ def choose(for_jit: bool, log=print) -> Dict[str, str]:
                 chosen = {"CXX": candidate, "LDSHARED": f"{candidate} -shared"}
                 if os.path.exists(c_compiler):
                     chosen["CC"] = c_compiler
+                overridden = f" (replacing {', '.join(user_set)} from the environment; POINTOPS_KEEP_TOOLCHAIN=1 " \
+                    "keeps them)" if user_set else ""
                 log(f"pointops: {' '.join(default)} links libstdc++ statically into extensions (a second C++ "
-                    f"runtime whose error paths crash); building with {candidate} instead")
+                    f"runtime whose error paths crash); building with {candidate} instead{overridden}")
                 return chosen
         log(f"pointops: WARNING: {' '.join(default)} links libstdc++ statically into extensions and no system "
             f"g++ that links it dynamically was found ({', '.join(SYSTEM_CXX)}); the module's error paths may "

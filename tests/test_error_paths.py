@@ -53,17 +53,23 @@ def test_toolchain_probe_tells_static_from_dynamic_libstdcxx():
 def test_toolchain_choice_replaces_a_static_libstdcxx_default(monkeypatch):
     # A default toolchain that links libstdc++ statically (what the GPU image's compiler does).
     monkeypatch.setattr(_toolchain, "_jit_link_command", lambda: ["g++", "-static-libstdc++"])
-    for name in ("CC", "CXX", "LDSHARED", "POINTOPS_SKIP_TOOLCHAIN_CHECK"):
+    for name in ("CC", "CXX", "LDSHARED", "POINTOPS_SKIP_TOOLCHAIN_CHECK", "POINTOPS_KEEP_TOOLCHAIN"):
         monkeypatch.delenv(name, raising=False)
     messages = []
     chosen = _toolchain.choose(for_jit=True, log=messages.append)
     assert chosen["CXX"] in _toolchain.SYSTEM_CXX and chosen["LDSHARED"] == chosen["CXX"] + " -shared"
     assert "links libstdc++ statically" in messages[0] and chosen["CXX"] in messages[0]
-    # A toolchain the user chose is kept, with a warning.
+    # CXX from the environment (the GPU image exports its compilers) is replaced too, saying so ...
     monkeypatch.setenv("CXX", "g++")
     messages.clear()
+    assert _toolchain.choose(for_jit=True, log=messages.append)["CXX"] in _toolchain.SYSTEM_CXX
+    assert "replacing CXX from the environment" in messages[0]
+    # ... unless the user insists.
+    monkeypatch.setenv("POINTOPS_KEEP_TOOLCHAIN", "1")
+    messages.clear()
     assert _toolchain.choose(for_jit=True, log=messages.append) == {}
-    assert "WARNING" in messages[0] and "CXX is set" in messages[0]
+    assert "WARNING" in messages[0] and "POINTOPS_KEEP_TOOLCHAIN=1" in messages[0]
+    monkeypatch.delenv("POINTOPS_KEEP_TOOLCHAIN")
     # A healthy default is left alone, silently.
     monkeypatch.delenv("CXX")
     monkeypatch.setattr(_toolchain, "_jit_link_command", lambda: ["g++"])
