@@ -15,6 +15,17 @@ from conftest import DEVICES
 gradgradcheck = torch.autograd.gradgradcheck
 
 
+@pytest.fixture(autouse=True)
+def deterministic():
+    """gradgradcheck runs each backward twice and wants bitwise equal results: on CUDA the
+    reference cloud's gradient is scattered with float atomics unless deterministic algorithms are
+    on (then a sort-based gather; the CPU always gathers)."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(previous)
+
+
 def random(*shape, device, seed, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(device).requires_grad_()
