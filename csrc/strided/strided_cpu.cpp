@@ -1,0 +1,402 @@
+// Strided map / zip / reduce on the CPU: the reference implementation.
+//
+// Every kernel walks its operands with StridedLayout / for_each_run (strided.h): the element range
+// is split across threads by at::parallel_for, and each thread walks runs along the innermost
+// merged dim. Runs whose operands are all unit-stride take a plain indexed loop the compiler
+// vectorises; other runs step by their strides. Nothing is copied unless more than kMaxDims dims
+// remain after merging (then the inputs are made contiguous: slower, same answer).
+//
+// Reductions are deterministic: the work split depends only on the shapes and strides, never on the
+// thread count. Sums are taken in blocks of kBlock elements in the compute type (8 interleaved
+// partial sums, combined in a fixed tree) and the block sums added in float64: a float32 sum of
+// 2^22 terms stays within float32 rounding of the float64 sum. Two layouts:
+//   inner: the reduced dims include the input's innermost (smallest-stride) dim: each output sums
+//          its own runs; a long reduction is cut into fixed chunks of kChunk elements whose
+//          partial results are combined in chunk order;
+//   outer: a kept dim is innermost: a tile of kTile adjacent outputs is accumulated together, so
+//          each reduced step reads kTile adjacent elements (vectorised across the columns).
+// Tuple dims are handled by walking the reduced dims (in their own merged layout) inside the kept
+// ones: a permutation of the walk, not of the data.
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "strided/strided.h"
+
+namespace pointops {
+namespace strided {
+namespace {
+
+constexpr int64_t kGrain = 32768;   // elements per parallel task, at least
+constexpr int64_t kBlock = 64;      // summands per compute-type partial sum
+constexpr int64_t kChunk = 1 << 16; // reduced elements per task when an output's reduction is split
+constexpr int64_t kTile = 64;       // adjacent outputs accumulated together (outer reductions)
+constexpr int kLanes = 8;           // interleaved partial results within a block
+
+// ------------------------------------------------------------------------------------ elementwise
+// out = f(x) or out = f(a, b) over out's shape; the inputs are broadcast to it.
+template <typename T, typename F>
+void unary_kernel(const at::Tensor& out, const at::Tensor& x, const F& f) {
+  using opmath = at::opmath_type<T>;
+  StridedLayout<2> L;
+  TORCH_INTERNAL_ASSERT(make_layout<2>(out.sizes(), {out.strides().vec(), broadcast_strides(x, out.sizes())}, L));
+  T* o = out.data_ptr<T>();
+  const T* in = x.const_data_ptr<T>();
+  const int64_t so = L.strides[0][L.ndim - 1], si = L.strides[1][L.ndim - 1];
+  at::parallel_for(0, L.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for_each_run(L, begin, end, [&](const std::array<int64_t, 2>& off, int64_t n) {
+      T* po = o + off[0];
+      const T* pi = in + off[1];
+      if (so == 1 && si == 1) {
+        for (int64_t j = 0; j < n; ++j) po[j] = static_cast<T>(f(static_cast<opmath>(pi[j])));
+      } else {
+        for (int64_t j = 0; j < n; ++j) po[j * so] = static_cast<T>(f(static_cast<opmath>(pi[j * si])));
+      }
+    });
+  });
+}
+
+template <typename T, typename F>
+void binary_kernel(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const F& f) {
+  using opmath = at::opmath_type<T>;
+  StridedLayout<3> L;
+  TORCH_INTERNAL_ASSERT(make_layout<3>(
+      out.sizes(), {out.strides().vec(), broadcast_strides(a, out.sizes()), broadcast_strides(b, out.sizes())}, L));
+  T* o = out.data_ptr<T>();
+  const T* pa = a.const_data_ptr<T>();
+  const T* pb = b.const_data_ptr<T>();
+  const int64_t so = L.strides[0][L.ndim - 1], sa = L.strides[1][L.ndim - 1], sb = L.strides[2][L.ndim - 1];
+  at::parallel_for(0, L.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    for_each_run(L, begin, end, [&](const std::array<int64_t, 3>& off, int64_t n) {
+      T* po = o + off[0];
+      const T* ra = pa + off[1];
+      const T* rb = pb + off[2];
+      if (so == 1 && sa == 1 && sb == 1) {
+        for (int64_t j = 0; j < n; ++j)
+          po[j] = static_cast<T>(f(static_cast<opmath>(ra[j]), static_cast<opmath>(rb[j])));
+      } else if (so == 1 && sa == 1 && sb == 0) {  // b broadcast along the run
+        const opmath vb = static_cast<opmath>(rb[0]);
+        for (int64_t j = 0; j < n; ++j) po[j] = static_cast<T>(f(static_cast<opmath>(ra[j]), vb));
+      } else if (so == 1 && sa == 0 && sb == 1) {
+        const opmath va = static_cast<opmath>(ra[0]);
+        for (int64_t j = 0; j < n; ++j) po[j] = static_cast<T>(f(va, static_cast<opmath>(rb[j])));
+      } else {
+        for (int64_t j = 0; j < n; ++j)
+          po[j * so] = static_cast<T>(f(static_cast<opmath>(ra[j * sa]), static_cast<opmath>(rb[j * sb])));
+      }
+    });
+  });
+}
+
+// More than kMaxDims dims after merging: run on contiguous copies (inputs broadcast to the output
+// shape first, so that every operand merges to one dim), then copy into out.
+bool fits_layout(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs) {
+  std::array<std::vector<int64_t>, 3> strides;
+  strides[0] = out.strides().vec();
+  int k = 1;
+  for (const at::Tensor* t : inputs) strides[k++] = broadcast_strides(*t, out.sizes());
+  for (; k < 3; ++k) strides[k] = std::vector<int64_t>(out.dim(), 0);
+  StridedLayout<3> L;
+  return make_layout<3>(out.sizes(), strides, L);
+}
+
+// The fn switch, outside AT_DISPATCH (a macro argument cannot hold #define).
+template <typename T>
+void map_typed(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
+  using opmath = at::opmath_type<T>;
+  switch (fn) {
+#define POINTOPS_MAP_CASE(F) \
+  case MapFn::F: unary_kernel<T>(out, x, [](opmath v) { return map_value<MapFn::F>(v); }); break;
+    POINTOPS_MAP_CASE(Id) POINTOPS_MAP_CASE(Neg) POINTOPS_MAP_CASE(Exp) POINTOPS_MAP_CASE(Log)
+    POINTOPS_MAP_CASE(Sigmoid) POINTOPS_MAP_CASE(Relu) POINTOPS_MAP_CASE(Inv) POINTOPS_MAP_CASE(Tanh)
+#undef POINTOPS_MAP_CASE
+  }
+}
+
+template <typename T>
+void zip_typed(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
+  using opmath = at::opmath_type<T>;
+  switch (fn) {
+#define POINTOPS_ZIP_CASE(F) \
+  case ZipFn::F: binary_kernel<T>(out, a, b, [](opmath u, opmath v) { return zip_value<ZipFn::F>(u, v); }); break;
+    POINTOPS_ZIP_CASE(Add) POINTOPS_ZIP_CASE(Sub) POINTOPS_ZIP_CASE(Mul) POINTOPS_ZIP_CASE(Div)
+    POINTOPS_ZIP_CASE(Max) POINTOPS_ZIP_CASE(Min) POINTOPS_ZIP_CASE(Pow) POINTOPS_ZIP_CASE(Lt)
+    POINTOPS_ZIP_CASE(Eq) POINTOPS_ZIP_CASE(IsClose) POINTOPS_ZIP_CASE(ReluBack) POINTOPS_ZIP_CASE(LogBack)
+    POINTOPS_ZIP_CASE(InvBack)
+#undef POINTOPS_ZIP_CASE
+  }
+}
+
+void map_into(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
+  if (out.numel() == 0) return;
+  if (!fits_layout(out, {&x})) {
+    at::Tensor tmp = at::empty(out.sizes(), out.options());
+    map_into(tmp, x.expand(out.sizes()).contiguous(), fn);
+    out.copy_(tmp);
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "strided_map_cpu",
+                                  [&] { map_typed<scalar_t>(out, x, fn); });
+}
+
+void zip_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
+  if (out.numel() == 0) return;
+  if (!fits_layout(out, {&a, &b})) {
+    at::Tensor tmp = at::empty(out.sizes(), out.options());
+    zip_into(tmp, a.expand(out.sizes()).contiguous(), b.expand(out.sizes()).contiguous(), fn);
+    out.copy_(tmp);
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "strided_zip_cpu",
+                                  [&] { zip_typed<scalar_t>(out, a, b, fn); });
+}
+
+// ------------------------------------------------------------------------------------ reductions
+// Block values in the compute type A; totals (across blocks, runs and chunks) in Total: float64
+// for sums, A otherwise.
+template <ReduceFn F, typename A>
+struct Reducer {
+  using Total = std::conditional_t<F == ReduceFn::Sum, double, A>;
+  static A identity() {
+    if constexpr (F == ReduceFn::Sum) return A(0);
+    if constexpr (F == ReduceFn::Prod) return A(1);
+    if constexpr (F == ReduceFn::Max) return -std::numeric_limits<A>::infinity();
+    if constexpr (F == ReduceFn::Min) return std::numeric_limits<A>::infinity();
+  }
+  template <typename V>
+  static V combine(V a, V b) {
+    if constexpr (F == ReduceFn::Sum) return a + b;
+    if constexpr (F == ReduceFn::Prod) return a * b;
+    // torch.amax / amin propagate NaN
+    if constexpr (F == ReduceFn::Max) return (a != a || a > b) ? a : b;
+    if constexpr (F == ReduceFn::Min) return (a != a || a < b) ? a : b;
+  }
+  static Total total(A a) { return static_cast<Total>(a); }
+};
+
+// Reduces n elements p[0], p[s], ..., into `total`, in blocks of kBlock.
+template <ReduceFn F, typename T>
+inline void reduce_run(const T* p, int64_t n, int64_t s, typename Reducer<F, at::opmath_type<T>>::Total& total) {
+  using A = at::opmath_type<T>;
+  using R = Reducer<F, A>;
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const int64_t len = std::min(kBlock, n - j0);
+    A lanes[kLanes];
+    for (int l = 0; l < kLanes; ++l) lanes[l] = R::identity();
+    const T* q = p + j0 * s;
+    int64_t j = 0;
+    if (s == 1) {
+      for (; j + kLanes <= len; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) lanes[l] = R::combine(lanes[l], static_cast<A>(q[j + l]));
+    } else {
+      for (; j + kLanes <= len; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) lanes[l] = R::combine(lanes[l], static_cast<A>(q[(j + l) * s]));
+    }
+    for (int l = 0; j < len; ++j, ++l) lanes[l] = R::combine(lanes[l], static_cast<A>(q[j * s]));
+    for (int w = kLanes / 2; w >= 1; w /= 2)
+      for (int l = 0; l < w; ++l) lanes[l] = R::combine(lanes[l], lanes[l + w]);
+    total = R::combine(total, R::total(lanes[0]));
+  }
+}
+
+struct ReducePlan {
+  StridedLayout<2> kept;     // the outputs: operand 0 the result, operand 1 the input
+  StridedLayout<1> reduced;  // the reduced elements of one output: input strides
+};
+
+template <ReduceFn F, typename T>
+void reduce_inner(const ReducePlan& P, T* out, const T* x) {
+  using A = at::opmath_type<T>;
+  using R = Reducer<F, A>;
+  using Total = typename R::Total;
+  const int64_t outputs = P.kept.numel(), count = P.reduced.numel();
+  const int64_t rs = P.reduced.strides[0][P.reduced.ndim - 1];
+  auto reduce_range = [&](int64_t base, int64_t begin, int64_t end) {
+    Total total = R::total(R::identity());
+    for_each_run(P.reduced, begin, end, [&](const std::array<int64_t, 1>& off, int64_t n) {
+      reduce_run<F>(x + base + off[0], n, rs, total);
+    });
+    return total;
+  };
+  const int64_t ks = P.kept.strides[1][P.kept.ndim - 1], os = P.kept.strides[0][P.kept.ndim - 1];
+  const int64_t chunks = (count + kChunk - 1) / kChunk;
+  if (chunks <= 1) {
+    at::parallel_for(0, outputs, std::max<int64_t>(1, kGrain / std::max<int64_t>(count, 1)), [&](int64_t b, int64_t e) {
+      for_each_run(P.kept, b, e, [&](const std::array<int64_t, 2>& off, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) out[off[0] + j * os] = static_cast<T>(reduce_range(off[1] + j * ks, 0, count));
+      });
+    });
+    return;
+  }
+  // Few long reductions: fixed chunks in parallel, combined in chunk order.
+  std::vector<Total> partial(outputs * chunks);
+  at::parallel_for(0, outputs * chunks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t o = t / chunks, c = t % chunks;
+      for_each_run(P.kept, o, o + 1, [&](const std::array<int64_t, 2>& off, int64_t) {
+        partial[t] = reduce_range(off[1], c * kChunk, std::min(count, (c + 1) * kChunk));
+      });
+    }
+  });
+  at::parallel_for(0, outputs, 1024, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o) {
+      Total total = partial[o * chunks];
+      for (int64_t c = 1; c < chunks; ++c) total = R::combine(total, partial[o * chunks + c]);
+      for_each_run(P.kept, o, o + 1, [&](const std::array<int64_t, 2>& off, int64_t) {
+        out[off[0]] = static_cast<T>(total);
+      });
+    }
+  });
+}
+
+// The kept innermost dim (C outputs, input stride cs) is walked kTile outputs at a time; each
+// reduced step reads the tile's adjacent inputs.
+template <ReduceFn F, typename T>
+void reduce_outer(const ReducePlan& P, T* out, const T* x) {
+  using A = at::opmath_type<T>;
+  using R = Reducer<F, A>;
+  using Total = typename R::Total;
+  const int inner = P.kept.ndim - 1;
+  const int64_t C = P.kept.sizes[inner], cs = P.kept.strides[1][inner], os = P.kept.strides[0][inner];
+  const int64_t rows = P.kept.numel() / C, tiles = (C + kTile - 1) / kTile, count = P.reduced.numel();
+  const int64_t rs = P.reduced.strides[0][P.reduced.ndim - 1];
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(count * kTile, 1));
+  at::parallel_for(0, rows * tiles, grain, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t row = t / tiles, c0 = (t % tiles) * kTile, width = std::min(kTile, C - c0);
+      int64_t out_base = 0, x_base = 0;
+      for_each_run(P.kept, row * C + c0, row * C + c0 + 1, [&](const std::array<int64_t, 2>& off, int64_t) {
+        out_base = off[0];
+        x_base = off[1];
+      });
+      A acc[kTile];
+      Total total[kTile];
+      for (int64_t c = 0; c < kTile; ++c) {
+        acc[c] = R::identity();
+        total[c] = R::total(R::identity());
+      }
+      int64_t in_block = 0;
+      for_each_run(P.reduced, 0, count, [&](const std::array<int64_t, 1>& off, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) {
+          const T* q = x + x_base + off[0] + j * rs;
+          if (cs == 1) {
+            for (int64_t c = 0; c < width; ++c) acc[c] = R::combine(acc[c], static_cast<A>(q[c]));
+          } else {
+            for (int64_t c = 0; c < width; ++c) acc[c] = R::combine(acc[c], static_cast<A>(q[c * cs]));
+          }
+          if (++in_block == kBlock) {
+            for (int64_t c = 0; c < width; ++c) {
+              total[c] = R::combine(total[c], R::total(acc[c]));
+              acc[c] = R::identity();
+            }
+            in_block = 0;
+          }
+        }
+      });
+      for (int64_t c = 0; c < width; ++c) out[out_base + c * os] = static_cast<T>(R::combine(total[c], R::total(acc[c])));
+    }
+  });
+}
+
+// Plans the reduction of x over `dims` into `res` (the non-keepdim result); false when either
+// layout has more than kMaxDims dims.
+bool plan_reduce(const at::Tensor& x, const std::vector<int64_t>& dims, const at::Tensor& res, ReducePlan& P) {
+  std::vector<int64_t> kept_sizes, kept_x, reduced_sizes, reduced_x;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    (reduced ? reduced_sizes : kept_sizes).push_back(x.size(d));
+    (reduced ? reduced_x : kept_x).push_back(x.stride(d));
+  }
+  return make_layout<2>(kept_sizes, {res.strides().vec(), kept_x}, P.kept) &&
+         make_layout<1>(reduced_sizes, {reduced_x}, P.reduced);
+}
+
+at::Tensor strided_reduce_cpu(const at::Tensor& x_in, at::OptionalIntArrayRef dim, c10::string_view fn_name,
+                              bool keepdim) {
+  const ReduceFn fn = parse_reduce_fn(fn_name);
+  check_strided_dtype(x_in, "x");
+  const std::vector<int64_t> dims = reduced_dims(x_in, dim);
+  const std::vector<int64_t> res_shape = reduce_output_shape(x_in, dims, false);
+  int64_t count = 1;
+  for (int64_t d : dims) count *= x_in.size(d);
+  if (fn == ReduceFn::Max || fn == ReduceFn::Min) {
+    TORCH_CHECK(count > 0, "reduce: fn='", std::string(fn_name), "' over zero elements has no identity: x has shape ",
+                x_in.sizes(), " and the reduced dims ", dims, " have zero size (as torch.amax / amin)");
+  }
+  // allocated in the returned shape (keepdim's size-1 dims included), written through a view without them
+  at::Tensor result = at::empty(reduce_output_shape(x_in, dims, keepdim), x_in.options());
+  at::Tensor res = keepdim ? result.view(res_shape) : result;
+  at::Tensor x = x_in;
+  ReducePlan P;
+  if (res.numel() > 0 && !plan_reduce(x, dims, res, P)) {
+    x = x_in.contiguous();  // more than kMaxDims dims: contiguous merges to few dims
+    TORCH_INTERNAL_ASSERT(plan_reduce(x, dims, res, P));
+  }
+  if (res.numel() > 0) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "strided_reduce_cpu", [&] {
+      auto run = [&](auto tag) {
+        constexpr ReduceFn F = decltype(tag)::value;
+        const int inner = P.kept.ndim - 1;
+        const int64_t kept_inner_stride = P.kept.strides[1][inner];
+        const int64_t reduced_inner_stride = P.reduced.strides[0][P.reduced.ndim - 1];
+        const bool outer = count > 1 && P.kept.sizes[inner] >= 8 && kept_inner_stride < reduced_inner_stride;
+        if (outer) reduce_outer<F>(P, res.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>());
+        else reduce_inner<F>(P, res.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>());
+      };
+      switch (fn) {
+        case ReduceFn::Sum: run(std::integral_constant<ReduceFn, ReduceFn::Sum>{}); break;
+        case ReduceFn::Prod: run(std::integral_constant<ReduceFn, ReduceFn::Prod>{}); break;
+        case ReduceFn::Max: run(std::integral_constant<ReduceFn, ReduceFn::Max>{}); break;
+        case ReduceFn::Min: run(std::integral_constant<ReduceFn, ReduceFn::Min>{}); break;
+      }
+    });
+  }
+  return result;
+}
+
+// ------------------------------------------------------------------------------------ entries
+at::Tensor strided_map_cpu(const at::Tensor& x, c10::string_view fn) {
+  const MapFn f = parse_map_fn(fn);
+  check_strided_dtype(x, "x");
+  at::Tensor out = at::empty_like(x, at::MemoryFormat::Preserve);
+  map_into(out, x, f);
+  return out;
+}
+
+void strided_map_out_cpu(const at::Tensor& x, c10::string_view fn, const at::Tensor& out) {
+  const MapFn f = parse_map_fn(fn);
+  check_strided_dtype(x, "x");
+  check_out(out, x.sizes(), x.scalar_type(), x, {&x}, "map");
+  map_into(out, x, f);
+}
+
+at::Tensor strided_zip_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view fn) {
+  const ZipFn f = parse_zip_fn(fn);
+  const auto shape = check_zip_inputs(a, b, "zip");
+  at::Tensor out = at::empty(shape, a.options());
+  zip_into(out, a, b, f);
+  return out;
+}
+
+void strided_zip_out_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view fn, const at::Tensor& out) {
+  const ZipFn f = parse_zip_fn(fn);
+  const auto shape = check_zip_inputs(a, b, "zip");
+  check_out(out, shape, a.scalar_type(), a, {&a, &b}, "zip");
+  zip_into(out, a, b, f);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pointops, CPU, m) {
+  m.impl("strided_map", &strided_map_cpu);
+  m.impl("strided_map_out", &strided_map_out_cpu);
+  m.impl("strided_zip", &strided_zip_cpu);
+  m.impl("strided_zip_out", &strided_zip_out_cpu);
+  m.impl("strided_reduce", &strided_reduce_cpu);
+}
+
+}  // namespace strided
+}  // namespace pointops

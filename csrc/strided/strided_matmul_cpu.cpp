@@ -1,0 +1,171 @@
+// Strided matmul on the CPU: C (..., n, m) = A (..., n, k) @ B (..., k, m), batch dims broadcast.
+//
+// Blocked as the classic GEMM: a task owns a kMC x kNC tile of C of one batch entry and walks K in
+// blocks of kKC. Per K block it packs its A rows and B columns into contiguous micro-panels, reading
+// the operands through their own strides (a transposed or stepped view costs only the packing,
+// O(1/kMC) of the work), widening half types to float. A register-blocked kMR x kNR micro-kernel
+// then accumulates into a float (float64 for double) tile of C, which is rounded once into C at the
+// end. float32 stays IEEE float32 (plain multiply-adds, never TF32-like shortcuts); every C element
+// is summed in the same order whatever the thread count (deterministic). The micro-kernel is
+// compiled for AVX2 + FMA and the baseline ISA and chosen at run time, like particle_sum.
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "strided/strided.h"
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define POINTOPS_MATMUL_X86 1
+#endif
+
+namespace pointops {
+namespace strided {
+namespace {
+
+constexpr int64_t kMR = 6;     // rows of C per micro-kernel
+constexpr int64_t kMC = 96;    // rows of C per task (a multiple of kMR)
+constexpr int64_t kKC = 256;   // K per packed block
+constexpr int64_t kNC = 256;   // columns of C per task (a multiple of kNR)
+
+template <typename A>
+constexpr int64_t micro_cols() { return sizeof(A) == 4 ? 16 : 8; }  // two 256-bit vectors per row
+
+// acc tile (kMR x NR, row stride ldc) += a panel (kc x kMR) * b panel (kc x NR)
+template <typename A>
+inline __attribute__((always_inline)) void micro_kernel(int64_t kc, const A* __restrict ap, const A* __restrict bp,
+                                                        A* __restrict c, int64_t ldc) {
+  constexpr int64_t NR = micro_cols<A>();
+  A acc[kMR][NR] = {};
+  for (int64_t p = 0; p < kc; ++p) {
+    const A* b = bp + p * NR;
+    for (int64_t i = 0; i < kMR; ++i) {
+      const A a = ap[p * kMR + i];
+      for (int64_t j = 0; j < NR; ++j) acc[i][j] += a * b[j];
+    }
+  }
+  for (int64_t i = 0; i < kMR; ++i)
+    for (int64_t j = 0; j < NR; ++j) c[i * ldc + j] += acc[i][j];
+}
+
+template <typename A>
+inline __attribute__((always_inline)) void tile_product(int64_t mc, int64_t nc, int64_t kc, const A* apack,
+                                                        const A* bpack, A* ctile) {
+  constexpr int64_t NR = micro_cols<A>();
+  for (int64_t jr = 0; jr < nc; jr += NR)
+    for (int64_t ir = 0; ir < mc; ir += kMR) micro_kernel<A>(kc, apack + ir * kc, bpack + jr * kc, ctile + ir * kNC + jr, kNC);
+}
+
+#ifdef POINTOPS_MATMUL_X86
+template <typename A>
+__attribute__((target("avx2,fma"))) void tile_product_avx2(int64_t mc, int64_t nc, int64_t kc, const A* apack,
+                                                           const A* bpack, A* ctile) {
+  tile_product<A>(mc, nc, kc, apack, bpack, ctile);
+}
+bool has_avx2() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return yes;
+}
+#endif
+
+template <typename A>
+void tile_product_dispatch(int64_t mc, int64_t nc, int64_t kc, const A* apack, const A* bpack, A* ctile) {
+#ifdef POINTOPS_MATMUL_X86
+  if (has_avx2()) return tile_product_avx2<A>(mc, nc, kc, apack, bpack, ctile);
+#endif
+  tile_product<A>(mc, nc, kc, apack, bpack, ctile);
+}
+
+struct MatmulCall {
+  int64_t n, k, m;
+  int64_t as0, as1, bs0, bs1, cs0, cs1;  // row / column strides of A, B, C (elements)
+};
+
+// One (batch entry, tile) task: C[i0:i0+mc, j0:j0+nc] of the matrices at a, b, c.
+template <typename T>
+void matmul_tile(const MatmulCall& mc_, const T* a, const T* b, T* c, int64_t i0, int64_t j0,
+                 std::vector<at::opmath_type<T>>& buf) {
+  using A = at::opmath_type<T>;
+  constexpr int64_t NR = micro_cols<A>();
+  const int64_t mc = std::min(kMC, mc_.n - i0), nc = std::min(kNC, mc_.m - j0);
+  const int64_t mc_pad = (mc + kMR - 1) / kMR * kMR, nc_pad = (nc + NR - 1) / NR * NR;
+  buf.assign(kMC * kKC + kKC * kNC + kMC * kNC, A(0));
+  A* apack = buf.data();
+  A* bpack = apack + kMC * kKC;
+  A* ctile = bpack + kKC * kNC;
+  for (int64_t p0 = 0; p0 < mc_.k; p0 += kKC) {
+    const int64_t kc = std::min(kKC, mc_.k - p0);
+    // A panel ir: [p][i] for rows ir..ir+kMR (zero rows beyond mc)
+    for (int64_t ir = 0; ir < mc_pad; ir += kMR)
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t i = 0; i < kMR; ++i) {
+          const int64_t row = ir + i;
+          apack[ir * kc + p * kMR + i] =
+              row < mc ? static_cast<A>(a[(i0 + row) * mc_.as0 + (p0 + p) * mc_.as1]) : A(0);
+        }
+    // B panel jr: [p][j] for columns jr..jr+NR (zero columns beyond nc)
+    for (int64_t jr = 0; jr < nc_pad; jr += NR)
+      for (int64_t p = 0; p < kc; ++p) {
+        const T* brow = b + (p0 + p) * mc_.bs0;
+        for (int64_t j = 0; j < NR; ++j) {
+          const int64_t col = jr + j;
+          bpack[jr * kc + p * NR + j] = col < nc ? static_cast<A>(brow[(j0 + col) * mc_.bs1]) : A(0);
+        }
+      }
+    tile_product_dispatch<A>(mc_pad, nc_pad, kc, apack, bpack, ctile);
+  }
+  for (int64_t i = 0; i < mc; ++i)
+    for (int64_t j = 0; j < nc; ++j) c[(i0 + i) * mc_.cs0 + (j0 + j) * mc_.cs1] = static_cast<T>(ctile[i * kNC + j]);
+}
+
+at::Tensor strided_matmul_cpu(const at::Tensor& a_in, const at::Tensor& b_in) {
+  const std::vector<int64_t> shape = check_matmul_inputs(a_in, b_in);
+  at::Tensor c = at::empty(shape, a_in.options());
+  const int64_t nb = static_cast<int64_t>(shape.size()) - 2;
+  const int64_t n = a_in.size(-2), k = a_in.size(-1), m = b_in.size(-1);
+  if (c.numel() == 0) return c;
+  if (k == 0) return c.zero_();
+  std::vector<int64_t> batch(shape.begin(), shape.begin() + nb);
+  std::vector<int64_t> a_shape = batch, b_shape = batch;
+  a_shape.insert(a_shape.end(), {n, k});
+  b_shape.insert(b_shape.end(), {k, m});
+  at::Tensor a = a_in.expand(a_shape), b = b_in.expand(b_shape);  // views: broadcast batch dims get stride 0
+  auto batch_strides = [&](const at::Tensor& t) { return std::vector<int64_t>(t.strides().begin(), t.strides().end() - 2); };
+  StridedLayout<3> L;
+  if (!make_layout<3>(batch, {batch_strides(c), batch_strides(a), batch_strides(b)}, L)) {
+    // more than kMaxDims batch dims after merging: contiguous operands merge to one
+    a = a.contiguous();
+    b = b.contiguous();
+    TORCH_INTERNAL_ASSERT(make_layout<3>(batch, {batch_strides(c), batch_strides(a), batch_strides(b)}, L));
+  }
+  const MatmulCall call{n, k, m, a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1), c.stride(-2), c.stride(-1)};
+  const int64_t row_tiles = (n + kMC - 1) / kMC, col_tiles = (m + kNC - 1) / kNC, tiles = row_tiles * col_tiles;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "strided_matmul_cpu", [&] {
+    const scalar_t* pa = a.const_data_ptr<scalar_t>();
+    const scalar_t* pb = b.const_data_ptr<scalar_t>();
+    scalar_t* pc = c.data_ptr<scalar_t>();
+    at::parallel_for(0, L.numel() * tiles, 1, [&](int64_t begin, int64_t end) {
+      std::vector<at::opmath_type<scalar_t>> buf;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t entry = t / tiles, tile = t % tiles;
+        for_each_run(L, entry, entry + 1, [&](const std::array<int64_t, 3>& off, int64_t) {
+          matmul_tile<scalar_t>(call, pa + off[1], pb + off[2], pc + off[0], (tile / col_tiles) * kMC,
+                                (tile % col_tiles) * kNC, buf);
+        });
+      }
+    });
+  });
+  return c;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pointops, CPU, m) { m.impl("strided_matmul", &strided_matmul_cpu); }
+
+}  // namespace strided
+}  // namespace pointops
