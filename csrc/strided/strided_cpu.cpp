@@ -23,12 +23,39 @@
 #include <torch/library.h>
 
 #include <limits>
+#include <type_traits>
 
 #include "strided/strided.h"
+
+// The loops are compiled for AVX2 + FMA and for the baseline ISA and chosen at run time (the
+// package is built once for any x86-64), as in particle_sum.
+#if defined(__GNUC__) && defined(__x86_64__)
+#define POINTOPS_STRIDED_X86 1
+#define POINTOPS_INLINE inline __attribute__((always_inline))
+#include <immintrin.h>
+// SLEEF's dispatching 8-wide float functions, exported by libtorch_cpu: torch's CPU exp / log / tanh.
+extern "C" __m256 Sleef_expf8_u10(__m256);
+extern "C" __m256 Sleef_logf8_u10(__m256);
+extern "C" __m256 Sleef_tanhf8_u10(__m256);
+#else
+#define POINTOPS_INLINE inline
+#endif
 
 namespace pointops {
 namespace strided {
 namespace {
+
+bool has_avx2() {
+#ifdef POINTOPS_STRIDED_X86
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
 
 constexpr int64_t kGrain = 32768;   // elements per parallel task, at least
 constexpr int64_t kBlock = 64;      // summands per compute-type partial sum
@@ -37,31 +64,112 @@ constexpr int64_t kTile = 64;       // adjacent outputs accumulated together (ou
 constexpr int kLanes = 8;           // interleaved partial results within a block
 
 // ------------------------------------------------------------------------------------ elementwise
+// The fns as types, so that a vector path can recognise them.
+template <MapFn F>
+struct MapOp {
+  static constexpr MapFn fn = F;
+  template <typename A>
+  A operator()(A x) const { return map_value<F>(x); }
+};
+template <ZipFn F>
+struct ZipOp {
+  template <typename A>
+  A operator()(A a, A b) const { return zip_value<F>(a, b); }
+};
+
+// One run of n elements. Unit-stride runs are plain indexed loops the compiler vectorises; float32
+// exp / log / tanh / sigmoid on AVX2 call SLEEF's 8-wide functions (torch's own vector math, exported
+// by libtorch_cpu), the rest of the loop and the other fns are compiled code.
+template <typename T, typename F>
+POINTOPS_INLINE void unary_run(T* po, const T* pi, int64_t n, int64_t so, int64_t si, const F& f) {
+  using opmath = at::opmath_type<T>;
+  if (so == 1 && si == 1) {
+    for (int64_t j = 0; j < n; ++j) po[j] = static_cast<T>(f(static_cast<opmath>(pi[j])));
+  } else {
+    for (int64_t j = 0; j < n; ++j) po[j * so] = static_cast<T>(f(static_cast<opmath>(pi[j * si])));
+  }
+}
+
+template <typename T, typename F>
+POINTOPS_INLINE void binary_run(T* po, const T* ra, const T* rb, int64_t n, int64_t so, int64_t sa, int64_t sb,
+                                const F& f) {
+  using opmath = at::opmath_type<T>;
+  if (so == 1 && sa == 1 && sb == 1) {
+    for (int64_t j = 0; j < n; ++j) po[j] = static_cast<T>(f(static_cast<opmath>(ra[j]), static_cast<opmath>(rb[j])));
+  } else if (so == 1 && sa == 1 && sb == 0) {  // b broadcast along the run
+    const opmath vb = static_cast<opmath>(rb[0]);
+    for (int64_t j = 0; j < n; ++j) po[j] = static_cast<T>(f(static_cast<opmath>(ra[j]), vb));
+  } else if (so == 1 && sa == 0 && sb == 1) {
+    const opmath va = static_cast<opmath>(ra[0]);
+    for (int64_t j = 0; j < n; ++j) po[j] = static_cast<T>(f(va, static_cast<opmath>(rb[j])));
+  } else {
+    for (int64_t j = 0; j < n; ++j)
+      po[j * so] = static_cast<T>(f(static_cast<opmath>(ra[j * sa]), static_cast<opmath>(rb[j * sb])));
+  }
+}
+
+#ifdef POINTOPS_STRIDED_X86
+template <typename F>
+constexpr bool sleef_fn() {
+  if constexpr (std::is_same_v<F, MapOp<MapFn::Exp>> || std::is_same_v<F, MapOp<MapFn::Log>> ||
+                std::is_same_v<F, MapOp<MapFn::Tanh>> || std::is_same_v<F, MapOp<MapFn::Sigmoid>>)
+    return true;
+  return false;
+}
+
+template <typename T, typename F>
+__attribute__((target("avx2,fma"))) void unary_run_avx2(T* po, const T* pi, int64_t n, int64_t so, int64_t si,
+                                                       const F& f) {
+  if constexpr (std::is_same_v<T, float> && sleef_fn<F>()) {
+    if (so == 1 && si == 1) {
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8) {
+        const __m256 v = _mm256_loadu_ps(pi + j);
+        __m256 r;
+        if constexpr (F::fn == MapFn::Exp) r = Sleef_expf8_u10(v);
+        if constexpr (F::fn == MapFn::Log) r = Sleef_logf8_u10(v);
+        if constexpr (F::fn == MapFn::Tanh) r = Sleef_tanhf8_u10(v);
+        if constexpr (F::fn == MapFn::Sigmoid) {  // 1 / (1 + exp(-x)), as torch's vector sigmoid
+          const __m256 one = _mm256_set1_ps(1.0f);
+          r = _mm256_div_ps(one, _mm256_add_ps(one, Sleef_expf8_u10(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+        }
+        _mm256_storeu_ps(po + j, r);
+      }
+      unary_run<T>(po + j, pi + j, n - j, 1, 1, f);
+      return;
+    }
+  }
+  unary_run<T>(po, pi, n, so, si, f);
+}
+
+template <typename T, typename F>
+__attribute__((target("avx2,fma"))) void binary_run_avx2(T* po, const T* ra, const T* rb, int64_t n, int64_t so,
+                                                        int64_t sa, int64_t sb, const F& f) {
+  binary_run<T>(po, ra, rb, n, so, sa, sb, f);
+}
+#endif
+
 // out = f(x) or out = f(a, b) over out's shape; the inputs are broadcast to it.
 template <typename T, typename F>
 void unary_kernel(const at::Tensor& out, const at::Tensor& x, const F& f) {
-  using opmath = at::opmath_type<T>;
   StridedLayout<2> L;
   TORCH_INTERNAL_ASSERT(make_layout<2>(out.sizes(), {out.strides().vec(), broadcast_strides(x, out.sizes())}, L));
   T* o = out.data_ptr<T>();
   const T* in = x.const_data_ptr<T>();
   const int64_t so = L.strides[0][L.ndim - 1], si = L.strides[1][L.ndim - 1];
+  const bool avx2 = has_avx2();
   at::parallel_for(0, L.numel(), kGrain, [&](int64_t begin, int64_t end) {
     for_each_run(L, begin, end, [&](const std::array<int64_t, 2>& off, int64_t n) {
-      T* po = o + off[0];
-      const T* pi = in + off[1];
-      if (so == 1 && si == 1) {
-        for (int64_t j = 0; j < n; ++j) po[j] = static_cast<T>(f(static_cast<opmath>(pi[j])));
-      } else {
-        for (int64_t j = 0; j < n; ++j) po[j * so] = static_cast<T>(f(static_cast<opmath>(pi[j * si])));
-      }
+#ifdef POINTOPS_STRIDED_X86
+      if (avx2) return unary_run_avx2<T>(o + off[0], in + off[1], n, so, si, f);
+#endif
+      unary_run<T>(o + off[0], in + off[1], n, so, si, f);
     });
   });
 }
 
 template <typename T, typename F>
 void binary_kernel(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const F& f) {
-  using opmath = at::opmath_type<T>;
   StridedLayout<3> L;
   TORCH_INTERNAL_ASSERT(make_layout<3>(
       out.sizes(), {out.strides().vec(), broadcast_strides(a, out.sizes()), broadcast_strides(b, out.sizes())}, L));
@@ -69,24 +177,13 @@ void binary_kernel(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   const T* pa = a.const_data_ptr<T>();
   const T* pb = b.const_data_ptr<T>();
   const int64_t so = L.strides[0][L.ndim - 1], sa = L.strides[1][L.ndim - 1], sb = L.strides[2][L.ndim - 1];
+  const bool avx2 = has_avx2();
   at::parallel_for(0, L.numel(), kGrain, [&](int64_t begin, int64_t end) {
     for_each_run(L, begin, end, [&](const std::array<int64_t, 3>& off, int64_t n) {
-      T* po = o + off[0];
-      const T* ra = pa + off[1];
-      const T* rb = pb + off[2];
-      if (so == 1 && sa == 1 && sb == 1) {
-        for (int64_t j = 0; j < n; ++j)
-          po[j] = static_cast<T>(f(static_cast<opmath>(ra[j]), static_cast<opmath>(rb[j])));
-      } else if (so == 1 && sa == 1 && sb == 0) {  // b broadcast along the run
-        const opmath vb = static_cast<opmath>(rb[0]);
-        for (int64_t j = 0; j < n; ++j) po[j] = static_cast<T>(f(static_cast<opmath>(ra[j]), vb));
-      } else if (so == 1 && sa == 0 && sb == 1) {
-        const opmath va = static_cast<opmath>(ra[0]);
-        for (int64_t j = 0; j < n; ++j) po[j] = static_cast<T>(f(va, static_cast<opmath>(rb[j])));
-      } else {
-        for (int64_t j = 0; j < n; ++j)
-          po[j * so] = static_cast<T>(f(static_cast<opmath>(ra[j * sa]), static_cast<opmath>(rb[j * sb])));
-      }
+#ifdef POINTOPS_STRIDED_X86
+      if (avx2) return binary_run_avx2<T>(o + off[0], pa + off[1], pb + off[2], n, so, sa, sb, f);
+#endif
+      binary_run<T>(o + off[0], pa + off[1], pb + off[2], n, so, sa, sb, f);
     });
   });
 }
@@ -106,10 +203,9 @@ bool fits_layout(const at::Tensor& out, std::initializer_list<const at::Tensor*>
 // The fn switch, outside AT_DISPATCH (a macro argument cannot hold #define).
 template <typename T>
 void map_typed(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
-  using opmath = at::opmath_type<T>;
   switch (fn) {
 #define POINTOPS_MAP_CASE(F) \
-  case MapFn::F: unary_kernel<T>(out, x, [](opmath v) { return map_value<MapFn::F>(v); }); break;
+  case MapFn::F: unary_kernel<T>(out, x, MapOp<MapFn::F>{}); break;
     POINTOPS_MAP_CASE(Id) POINTOPS_MAP_CASE(Neg) POINTOPS_MAP_CASE(Exp) POINTOPS_MAP_CASE(Log)
     POINTOPS_MAP_CASE(Sigmoid) POINTOPS_MAP_CASE(Relu) POINTOPS_MAP_CASE(Inv) POINTOPS_MAP_CASE(Tanh)
 #undef POINTOPS_MAP_CASE
@@ -118,10 +214,9 @@ void map_typed(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
 
 template <typename T>
 void zip_typed(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
-  using opmath = at::opmath_type<T>;
   switch (fn) {
 #define POINTOPS_ZIP_CASE(F) \
-  case ZipFn::F: binary_kernel<T>(out, a, b, [](opmath u, opmath v) { return zip_value<ZipFn::F>(u, v); }); break;
+  case ZipFn::F: binary_kernel<T>(out, a, b, ZipOp<ZipFn::F>{}); break;
     POINTOPS_ZIP_CASE(Add) POINTOPS_ZIP_CASE(Sub) POINTOPS_ZIP_CASE(Mul) POINTOPS_ZIP_CASE(Div)
     POINTOPS_ZIP_CASE(Max) POINTOPS_ZIP_CASE(Min) POINTOPS_ZIP_CASE(Pow) POINTOPS_ZIP_CASE(Lt)
     POINTOPS_ZIP_CASE(Eq) POINTOPS_ZIP_CASE(IsClose) POINTOPS_ZIP_CASE(ReluBack) POINTOPS_ZIP_CASE(LogBack)
@@ -179,7 +274,8 @@ struct Reducer {
 
 // Reduces n elements p[0], p[s], ..., into `total`, in blocks of kBlock.
 template <ReduceFn F, typename T>
-inline void reduce_run(const T* p, int64_t n, int64_t s, typename Reducer<F, at::opmath_type<T>>::Total& total) {
+POINTOPS_INLINE void reduce_run_impl(const T* p, int64_t n, int64_t s,
+                                     typename Reducer<F, at::opmath_type<T>>::Total& total) {
   using A = at::opmath_type<T>;
   using R = Reducer<F, A>;
   for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
@@ -200,6 +296,22 @@ inline void reduce_run(const T* p, int64_t n, int64_t s, typename Reducer<F, at:
       for (int l = 0; l < w; ++l) lanes[l] = R::combine(lanes[l], lanes[l + w]);
     total = R::combine(total, R::total(lanes[0]));
   }
+}
+
+#ifdef POINTOPS_STRIDED_X86
+template <ReduceFn F, typename T>
+__attribute__((target("avx2,fma"))) void reduce_run_avx2(const T* p, int64_t n, int64_t s,
+                                                        typename Reducer<F, at::opmath_type<T>>::Total& total) {
+  reduce_run_impl<F, T>(p, n, s, total);
+}
+#endif
+
+template <ReduceFn F, typename T>
+inline void reduce_run(const T* p, int64_t n, int64_t s, typename Reducer<F, at::opmath_type<T>>::Total& total) {
+#ifdef POINTOPS_STRIDED_X86
+  if (has_avx2()) return reduce_run_avx2<F, T>(p, n, s, total);
+#endif
+  reduce_run_impl<F, T>(p, n, s, total);
 }
 
 struct ReducePlan {

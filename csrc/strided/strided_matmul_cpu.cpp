@@ -13,6 +13,7 @@
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <vector>
 
 #include "strided/strided.h"
@@ -30,24 +31,43 @@ constexpr int64_t kMC = 96;    // rows of C per task (a multiple of kMR)
 constexpr int64_t kKC = 256;   // K per packed block
 constexpr int64_t kNC = 256;   // columns of C per task (a multiple of kNR)
 
+// 256-bit vectors of A as GCC vector extensions (two SSE registers each on the baseline ISA).
 template <typename A>
-constexpr int64_t micro_cols() { return sizeof(A) == 4 ? 16 : 8; }  // two 256-bit vectors per row
+struct Vec256 {
+  typedef A type __attribute__((vector_size(32)));
+};
 
-// acc tile (kMR x NR, row stride ldc) += a panel (kc x kMR) * b panel (kc x NR)
+template <typename A>
+constexpr int64_t micro_cols() { return 2 * 32 / static_cast<int64_t>(sizeof(A)); }  // two vectors per row
+
+// c tile (kMR x NR, row stride ldc) += a panel (kc x kMR) * b panel (kc x NR); the kMR x 2
+// accumulator vectors stay in registers.
 template <typename A>
 inline __attribute__((always_inline)) void micro_kernel(int64_t kc, const A* __restrict ap, const A* __restrict bp,
                                                         A* __restrict c, int64_t ldc) {
-  constexpr int64_t NR = micro_cols<A>();
-  A acc[kMR][NR] = {};
+  using V = typename Vec256<A>::type;
+  constexpr int64_t W = 32 / sizeof(A);
+  V acc[kMR][2];
+  for (int64_t i = 0; i < kMR; ++i) acc[i][0] = acc[i][1] = V{};
   for (int64_t p = 0; p < kc; ++p) {
-    const A* b = bp + p * NR;
+    V b0, b1;
+    std::memcpy(&b0, bp + p * 2 * W, sizeof(V));
+    std::memcpy(&b1, bp + p * 2 * W + W, sizeof(V));
     for (int64_t i = 0; i < kMR; ++i) {
-      const A a = ap[p * kMR + i];
-      for (int64_t j = 0; j < NR; ++j) acc[i][j] += a * b[j];
+      const V a = V{} + ap[p * kMR + i];  // broadcast
+      acc[i][0] += a * b0;
+      acc[i][1] += a * b1;
     }
   }
-  for (int64_t i = 0; i < kMR; ++i)
-    for (int64_t j = 0; j < NR; ++j) c[i * ldc + j] += acc[i][j];
+  for (int64_t i = 0; i < kMR; ++i) {
+    V c0, c1;
+    std::memcpy(&c0, c + i * ldc, sizeof(V));
+    std::memcpy(&c1, c + i * ldc + W, sizeof(V));
+    c0 += acc[i][0];
+    c1 += acc[i][1];
+    std::memcpy(c + i * ldc, &c0, sizeof(V));
+    std::memcpy(c + i * ldc + W, &c1, sizeof(V));
+  }
 }
 
 template <typename A>
