@@ -30,9 +30,20 @@ QUICK = dict(elems=1 << 20, rows=1024, mm=512, cpu_elems=1 << 20, cpu_mm=256)
 
 
 def check(got, ref, what, rtol=1e-5):
+    """Elementwise: against torch, relative to the largest value. Reductions (`ref` a float64 sum
+    or max, `scale` the float64 sum of magnitudes): within rtol of the scale."""
     err = ((got.double() - ref.double()).abs().max() / ref.double().abs().max().clamp(min=1e-30)).item()
     if not err <= rtol:
         raise AssertionError(f"{what}: pointops differs from torch by {err:.3g} (relative to the max), > {rtol}")
+
+
+def check_reduction(got, x, dim, fn, what, rtol=1e-6):
+    """Against the float64 reduction of the same values, relative to the sum of magnitudes."""
+    xd = x.double()
+    ref = xd.sum(dim) if fn == "sum" else xd.amax(dim)
+    scale = xd.abs().sum(dim) if fn == "sum" else ref.abs()
+    if not ((got.double() - ref).abs() <= rtol * scale).all():
+        raise AssertionError(f"{what}: pointops differs from the float64 {fn} by more than {rtol} of the magnitudes")
 
 
 def elementwise_cases(n, device):
@@ -51,11 +62,18 @@ def elementwise_cases(n, device):
         ("zip add, contiguous", lambda: strided.zip(x, y, "add"), lambda: torch.add(x, y), 3 * b),
         ("zip mul, row broadcast", lambda: strided.zip(x, row, "mul"), lambda: torch.mul(x, row), 2 * b),
         ("zip max, transposed a", lambda: strided.zip(xt, y, "max"), lambda: torch.maximum(xt, y), 3 * b),
-        ("reduce sum, all", lambda: strided.reduce(x, None), lambda: torch.sum(x), b),
-        ("reduce sum, rows (dim 1)", lambda: strided.reduce(x, 1), lambda: torch.sum(x, 1), b),
-        ("reduce sum, columns (dim 0)", lambda: strided.reduce(x, 0), lambda: torch.sum(x, 0), b),
-        ("reduce max, dim 1", lambda: strided.reduce(x, 1, "max"), lambda: torch.amax(x, 1), b),
     ]
+
+
+def reduction_cases(n, device):
+    """(name, x, dim, fn, bytes read)."""
+    side = int(n ** 0.5)
+    g = torch.Generator(device=device).manual_seed(2)
+    x = torch.randn(side, side, device=device, generator=g)
+    b = x.numel() * 4
+    return [("reduce sum, all", x, None, "sum", b), ("reduce sum, rows (dim 1)", x, 1, "sum", b),
+            ("reduce sum, columns (dim 0)", x, 0, "sum", b), ("reduce max, dim 1", x, 1, "max", b),
+            ("reduce sum, dim 1 of transposed", x.t(), 1, "sum", b)]
 
 
 def matmul_cases(n, device):
@@ -85,6 +103,15 @@ def bench_device(device, sizes, quick):
             t_copy = time_ms(lambda: buf.clone(), repeat=repeat, cuda=True)
             extra = f"{nbytes / t_ours / 1e9:.2f} TB/s (copy {nbytes / t_copy / 1e9:.2f})"
         rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])
+        print(rows[-1], flush=True)
+    for name, x, dim, fn, nbytes in reduction_cases(n, device):
+        check_reduction(strided.reduce(x, dim, fn), x, tuple(range(x.dim())) if dim is None else dim, fn, name)
+        torch_fn = torch.sum if fn == "sum" else torch.amax
+        t_ours = time_ms(lambda: strided.reduce(x, dim, fn), repeat=repeat, cuda=cuda)
+        t_torch = time_ms(lambda: torch_fn(x) if dim is None else torch_fn(x, dim), repeat=repeat, cuda=cuda)
+        extra = f"{nbytes / t_ours / 1e9:.2f} TB/s" if cuda else ""
+        rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])
+        print(rows[-1], flush=True)
     mm = sizes["mm"] if cuda else sizes["cpu_mm"]
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS in IEEE float32, as pointops

@@ -28,7 +28,7 @@ naming both. float16 / bfloat16 compute in float32 and round once. matmul: float
 
 Determinism: reductions and matmul use no atomics and a work split that depends only on the shapes
 and strides, so the same input gives bitwise the same output on every run. Sums are formed in blocks
-of 64 terms in the compute type, the block sums added in float64: float32 sums of millions of terms
+of 256 terms in the compute type, the block sums added in float64: float32 sums of millions of terms
 stay within float32 rounding of the float64 sum.
 
 ``out=`` (map and zip): any strided tensor of the result's shape, dtype and device, written in place

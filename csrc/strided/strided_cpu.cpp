@@ -7,9 +7,10 @@
 // remain after merging (then the inputs are made contiguous: slower, same answer).
 //
 // Reductions are deterministic: the work split depends only on the shapes and strides, never on the
-// thread count. Sums are taken in blocks of kBlock elements in the compute type (8 interleaved
-// partial sums, combined in a fixed tree) and the block sums added in float64: a float32 sum of
-// 2^22 terms stays within float32 rounding of the float64 sum. Two layouts:
+// thread count. Sums are taken in blocks of kBlock = 256 elements in the compute type (32
+// interleaved partial sums of 8 terms, combined in a fixed tree: enough independent vector adds to
+// hide their latency) and the block sums added in float64: a float32 sum of 2^22 terms stays within
+// float32 rounding of the float64 sum. Two layouts:
 //   inner: the reduced dims include the input's innermost (smallest-stride) dim: each output sums
 //          its own runs; a long reduction is cut into fixed chunks of kChunk elements whose
 //          partial results are combined in chunk order;
@@ -58,10 +59,10 @@ bool has_avx2() {
 }
 
 constexpr int64_t kGrain = 32768;   // elements per parallel task, at least
-constexpr int64_t kBlock = 64;      // summands per compute-type partial sum
+constexpr int64_t kBlock = 256;     // summands per compute-type partial sum
 constexpr int64_t kChunk = 1 << 16; // reduced elements per task when an output's reduction is split
 constexpr int64_t kTile = 64;       // adjacent outputs accumulated together (outer reductions)
-constexpr int kLanes = 8;           // interleaved partial results within a block
+constexpr int kLanes = 32;          // interleaved partial results within a block (4 AVX2 vectors of float)
 
 // ------------------------------------------------------------------------------------ elementwise
 // The fns as types, so that a vector path can recognise them.
@@ -284,7 +285,20 @@ POINTOPS_INLINE void reduce_run_impl(const T* p, int64_t n, int64_t s,
     for (int l = 0; l < kLanes; ++l) lanes[l] = R::identity();
     const T* q = p + j0 * s;
     int64_t j = 0;
-    if (s == 1) {
+    if (s == 1 && (F == ReduceFn::Max || F == ReduceFn::Min)) {
+      // x > acc ? x : acc is one vector max (maxps); NaNs are tracked apart, so the loop vectorises
+      int nan[kLanes] = {};
+      for (; j + kLanes <= len; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) {
+          const A v = static_cast<A>(q[j + l]);
+          if constexpr (F == ReduceFn::Max) lanes[l] = v > lanes[l] ? v : lanes[l];
+          else lanes[l] = v < lanes[l] ? v : lanes[l];
+          nan[l] |= v != v;
+        }
+      int any_nan = 0;
+      for (int l = 0; l < kLanes; ++l) any_nan |= nan[l];
+      if (any_nan) lanes[0] = std::numeric_limits<A>::quiet_NaN();
+    } else if (s == 1) {
       for (; j + kLanes <= len; j += kLanes)
         for (int l = 0; l < kLanes; ++l) lanes[l] = R::combine(lanes[l], static_cast<A>(q[j + l]));
     } else {
