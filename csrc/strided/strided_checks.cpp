@@ -1,7 +1,7 @@
 // Input validation for the strided family, shared by the CPU and CUDA launchers (the fake kernels
 // in pointops/strided.py mirror the shape and dtype checks). Messages name the argument, what it
 // got and what was expected.
-#include "strided/strided.h"
+#include "strided/strided_entries.h"
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
@@ -150,6 +150,27 @@ std::vector<int64_t> check_matmul_inputs(const at::Tensor& a, const at::Tensor& 
   shape.push_back(a.size(-2));
   shape.push_back(b.size(-1));
   return shape;
+}
+
+bool fits_layout(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs) {
+  std::array<std::vector<int64_t>, 3> strides;
+  strides[0] = out.strides().vec();
+  int k = 1;
+  for (const at::Tensor* t : inputs) strides[k++] = broadcast_strides(*t, out.sizes());
+  for (; k < 3; ++k) strides[k] = std::vector<int64_t>(out.dim(), 0);
+  StridedLayout<3> L;
+  return make_layout<3>(out.sizes(), strides, L);
+}
+
+bool plan_reduce(const at::Tensor& x, const std::vector<int64_t>& dims, const at::Tensor& res, ReducePlan& P) {
+  std::vector<int64_t> kept_sizes, kept_x, reduced_sizes, reduced_x;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    (reduced ? reduced_sizes : kept_sizes).push_back(x.size(d));
+    (reduced ? reduced_x : kept_x).push_back(x.stride(d));
+  }
+  return make_layout<2>(kept_sizes, {res.strides().vec(), kept_x}, P.kept) &&
+         make_layout<1>(reduced_sizes, {reduced_x}, P.reduced);
 }
 
 }  // namespace strided

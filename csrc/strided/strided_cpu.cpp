@@ -26,7 +26,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "strided/strided.h"
+#include "strided/strided_entries.h"
 
 // The loops are compiled for AVX2 + FMA and for the baseline ISA and chosen at run time (the
 // package is built once for any x86-64), as in particle_sum.
@@ -189,18 +189,6 @@ void binary_kernel(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   });
 }
 
-// More than kMaxDims dims after merging: run on contiguous copies (inputs broadcast to the output
-// shape first, so that every operand merges to one dim), then copy into out.
-bool fits_layout(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs) {
-  std::array<std::vector<int64_t>, 3> strides;
-  strides[0] = out.strides().vec();
-  int k = 1;
-  for (const at::Tensor* t : inputs) strides[k++] = broadcast_strides(*t, out.sizes());
-  for (; k < 3; ++k) strides[k] = std::vector<int64_t>(out.dim(), 0);
-  StridedLayout<3> L;
-  return make_layout<3>(out.sizes(), strides, L);
-}
-
 // The fn switch, outside AT_DISPATCH (a macro argument cannot hold #define).
 template <typename T>
 void map_typed(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
@@ -226,26 +214,12 @@ void zip_typed(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, 
   }
 }
 
-void map_into(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
-  if (out.numel() == 0) return;
-  if (!fits_layout(out, {&x})) {
-    at::Tensor tmp = at::empty(out.sizes(), out.options());
-    map_into(tmp, x.expand(out.sizes()).contiguous(), fn);
-    out.copy_(tmp);
-    return;
-  }
+void map_into_cpu(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "strided_map_cpu",
                                   [&] { map_typed<scalar_t>(out, x, fn); });
 }
 
-void zip_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
-  if (out.numel() == 0) return;
-  if (!fits_layout(out, {&a, &b})) {
-    at::Tensor tmp = at::empty(out.sizes(), out.options());
-    zip_into(tmp, a.expand(out.sizes()).contiguous(), b.expand(out.sizes()).contiguous(), fn);
-    out.copy_(tmp);
-    return;
-  }
+void zip_into_cpu(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "strided_zip_cpu",
                                   [&] { zip_typed<scalar_t>(out, a, b, fn); });
 }
@@ -328,11 +302,6 @@ inline void reduce_run(const T* p, int64_t n, int64_t s, typename Reducer<F, at:
   reduce_run_impl<F, T>(p, n, s, total);
 }
 
-struct ReducePlan {
-  StridedLayout<2> kept;     // the outputs: operand 0 the result, operand 1 the input
-  StridedLayout<1> reduced;  // the reduced elements of one output: input strides
-};
-
 template <ReduceFn F, typename T>
 void reduce_inner(const ReducePlan& P, T* out, const T* x) {
   using A = at::opmath_type<T>;
@@ -379,149 +348,104 @@ void reduce_inner(const ReducePlan& P, T* out, const T* x) {
 }
 
 // The kept innermost dim (C outputs, input stride cs) is walked kTile outputs at a time; each
-// reduced step reads the tile's adjacent inputs.
+// reduced step reads the tile's adjacent inputs (a vector loop across the columns).
+struct OuterGeometry {
+  int64_t C, cs, os, rs, count;
+};
+
 template <ReduceFn F, typename T>
-void reduce_outer(const ReducePlan& P, T* out, const T* x) {
+POINTOPS_INLINE void outer_tile(const ReducePlan& P, const OuterGeometry& g, T* out, const T* x, int64_t row,
+                                int64_t c0) {
   using A = at::opmath_type<T>;
   using R = Reducer<F, A>;
   using Total = typename R::Total;
+  const int64_t width = std::min(kTile, g.C - c0);
+  int64_t out_base = 0, x_base = 0;
+  for_each_run(P.kept, row * g.C + c0, row * g.C + c0 + 1, [&](const std::array<int64_t, 2>& off, int64_t) {
+    out_base = off[0];
+    x_base = off[1];
+  });
+  A acc[kTile];
+  Total total[kTile];
+  for (int64_t c = 0; c < kTile; ++c) {
+    acc[c] = R::identity();
+    total[c] = R::total(R::identity());
+  }
+  int64_t in_block = 0;
+  for_each_run(P.reduced, 0, g.count, [&](const std::array<int64_t, 1>& off, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) {
+      const T* q = x + x_base + off[0] + j * g.rs;
+      if (g.cs == 1 && width == kTile) {  // constant trip count: fully vectorised
+        for (int64_t c = 0; c < kTile; ++c) acc[c] = R::combine(acc[c], static_cast<A>(q[c]));
+      } else {
+        for (int64_t c = 0; c < width; ++c) acc[c] = R::combine(acc[c], static_cast<A>(q[c * g.cs]));
+      }
+      if (++in_block == kBlock) {
+        for (int64_t c = 0; c < kTile; ++c) {
+          total[c] = R::combine(total[c], R::total(acc[c]));
+          acc[c] = R::identity();
+        }
+        in_block = 0;
+      }
+    }
+  });
+  for (int64_t c = 0; c < width; ++c) out[out_base + c * g.os] = static_cast<T>(R::combine(total[c], R::total(acc[c])));
+}
+
+#ifdef POINTOPS_STRIDED_X86
+template <ReduceFn F, typename T>
+__attribute__((target("avx2,fma"))) void outer_tile_avx2(const ReducePlan& P, const OuterGeometry& g, T* out,
+                                                        const T* x, int64_t row, int64_t c0) {
+  outer_tile<F, T>(P, g, out, x, row, c0);
+}
+#endif
+
+template <ReduceFn F, typename T>
+void reduce_outer(const ReducePlan& P, T* out, const T* x) {
   const int inner = P.kept.ndim - 1;
-  const int64_t C = P.kept.sizes[inner], cs = P.kept.strides[1][inner], os = P.kept.strides[0][inner];
-  const int64_t rows = P.kept.numel() / C, tiles = (C + kTile - 1) / kTile, count = P.reduced.numel();
-  const int64_t rs = P.reduced.strides[0][P.reduced.ndim - 1];
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(count * kTile, 1));
+  const OuterGeometry g{P.kept.sizes[inner], P.kept.strides[1][inner], P.kept.strides[0][inner],
+                        P.reduced.strides[0][P.reduced.ndim - 1], P.reduced.numel()};
+  const int64_t rows = P.kept.numel() / g.C, tiles = (g.C + kTile - 1) / kTile;
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(g.count * kTile, 1));
+  const bool avx2 = has_avx2();
   at::parallel_for(0, rows * tiles, grain, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      const int64_t row = t / tiles, c0 = (t % tiles) * kTile, width = std::min(kTile, C - c0);
-      int64_t out_base = 0, x_base = 0;
-      for_each_run(P.kept, row * C + c0, row * C + c0 + 1, [&](const std::array<int64_t, 2>& off, int64_t) {
-        out_base = off[0];
-        x_base = off[1];
-      });
-      A acc[kTile];
-      Total total[kTile];
-      for (int64_t c = 0; c < kTile; ++c) {
-        acc[c] = R::identity();
-        total[c] = R::total(R::identity());
+#ifdef POINTOPS_STRIDED_X86
+      if (avx2) {
+        outer_tile_avx2<F, T>(P, g, out, x, t / tiles, (t % tiles) * kTile);
+        continue;
       }
-      int64_t in_block = 0;
-      for_each_run(P.reduced, 0, count, [&](const std::array<int64_t, 1>& off, int64_t n) {
-        for (int64_t j = 0; j < n; ++j) {
-          const T* q = x + x_base + off[0] + j * rs;
-          if (cs == 1) {
-            for (int64_t c = 0; c < width; ++c) acc[c] = R::combine(acc[c], static_cast<A>(q[c]));
-          } else {
-            for (int64_t c = 0; c < width; ++c) acc[c] = R::combine(acc[c], static_cast<A>(q[c * cs]));
-          }
-          if (++in_block == kBlock) {
-            for (int64_t c = 0; c < width; ++c) {
-              total[c] = R::combine(total[c], R::total(acc[c]));
-              acc[c] = R::identity();
-            }
-            in_block = 0;
-          }
-        }
-      });
-      for (int64_t c = 0; c < width; ++c) out[out_base + c * os] = static_cast<T>(R::combine(total[c], R::total(acc[c])));
+#endif
+      outer_tile<F, T>(P, g, out, x, t / tiles, (t % tiles) * kTile);
     }
   });
 }
 
-// Plans the reduction of x over `dims` into `res` (the non-keepdim result); false when either
-// layout has more than kMaxDims dims.
-bool plan_reduce(const at::Tensor& x, const std::vector<int64_t>& dims, const at::Tensor& res, ReducePlan& P) {
-  std::vector<int64_t> kept_sizes, kept_x, reduced_sizes, reduced_x;
-  for (int64_t d = 0; d < x.dim(); ++d) {
-    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
-    (reduced ? reduced_sizes : kept_sizes).push_back(x.size(d));
-    (reduced ? reduced_x : kept_x).push_back(x.stride(d));
-  }
-  return make_layout<2>(kept_sizes, {res.strides().vec(), kept_x}, P.kept) &&
-         make_layout<1>(reduced_sizes, {reduced_x}, P.reduced);
-}
-
-at::Tensor strided_reduce_cpu(const at::Tensor& x_in, at::OptionalIntArrayRef dim, c10::string_view fn_name,
-                              bool keepdim) {
-  const ReduceFn fn = parse_reduce_fn(fn_name);
-  check_strided_dtype(x_in, "x");
-  const std::vector<int64_t> dims = reduced_dims(x_in, dim);
-  const std::vector<int64_t> res_shape = reduce_output_shape(x_in, dims, false);
-  int64_t count = 1;
-  for (int64_t d : dims) count *= x_in.size(d);
-  if (fn == ReduceFn::Max || fn == ReduceFn::Min) {
-    TORCH_CHECK(count > 0, "reduce: fn='", std::string(fn_name), "' over zero elements has no identity: x has shape ",
-                x_in.sizes(), " and the reduced dims ", dims, " have zero size (as torch.amax / amin)");
-  }
-  // allocated in the returned shape (keepdim's size-1 dims included), written through a view without them
-  at::Tensor result = at::empty(reduce_output_shape(x_in, dims, keepdim), x_in.options());
-  at::Tensor res = keepdim ? result.view(res_shape) : result;
-  at::Tensor x = x_in;
-  ReducePlan P;
-  if (res.numel() > 0 && !plan_reduce(x, dims, res, P)) {
-    x = x_in.contiguous();  // more than kMaxDims dims: contiguous merges to few dims
-    TORCH_INTERNAL_ASSERT(plan_reduce(x, dims, res, P));
-  }
-  if (res.numel() > 0) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "strided_reduce_cpu", [&] {
-      auto run = [&](auto tag) {
-        constexpr ReduceFn F = decltype(tag)::value;
-        const int inner = P.kept.ndim - 1;
-        const int64_t kept_inner_stride = P.kept.strides[1][inner];
-        const int64_t reduced_inner_stride = P.reduced.strides[0][P.reduced.ndim - 1];
-        const bool outer = count > 1 && P.kept.sizes[inner] >= 8 && kept_inner_stride < reduced_inner_stride;
-        if (outer) reduce_outer<F>(P, res.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>());
-        else reduce_inner<F>(P, res.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>());
-      };
-      switch (fn) {
-        case ReduceFn::Sum: run(std::integral_constant<ReduceFn, ReduceFn::Sum>{}); break;
-        case ReduceFn::Prod: run(std::integral_constant<ReduceFn, ReduceFn::Prod>{}); break;
-        case ReduceFn::Max: run(std::integral_constant<ReduceFn, ReduceFn::Max>{}); break;
-        case ReduceFn::Min: run(std::integral_constant<ReduceFn, ReduceFn::Min>{}); break;
-      }
-    });
-  }
-  return result;
-}
-
-// ------------------------------------------------------------------------------------ entries
-at::Tensor strided_map_cpu(const at::Tensor& x, c10::string_view fn) {
-  const MapFn f = parse_map_fn(fn);
-  check_strided_dtype(x, "x");
-  at::Tensor out = at::empty_like(x, at::MemoryFormat::Preserve);
-  map_into(out, x, f);
-  return out;
-}
-
-void strided_map_out_cpu(const at::Tensor& x, c10::string_view fn, const at::Tensor& out) {
-  const MapFn f = parse_map_fn(fn);
-  check_strided_dtype(x, "x");
-  check_out(out, x.sizes(), x.scalar_type(), x, {&x}, "map");
-  map_into(out, x, f);
-}
-
-at::Tensor strided_zip_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view fn) {
-  const ZipFn f = parse_zip_fn(fn);
-  const auto shape = check_zip_inputs(a, b, "zip");
-  at::Tensor out = at::empty(shape, a.options());
-  zip_into(out, a, b, f);
-  return out;
-}
-
-void strided_zip_out_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view fn, const at::Tensor& out) {
-  const ZipFn f = parse_zip_fn(fn);
-  const auto shape = check_zip_inputs(a, b, "zip");
-  check_out(out, shape, a.scalar_type(), a, {&a, &b}, "zip");
-  zip_into(out, a, b, f);
+void reduce_into_cpu(const at::Tensor& res, const at::Tensor& x, const ReducePlan& P, ReduceFn fn) {
+  const bool outer = reduce_is_outer(P);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "strided_reduce_cpu", [&] {
+    auto run = [&](auto tag) {
+      constexpr ReduceFn F = decltype(tag)::value;
+      if (outer) reduce_outer<F>(P, res.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>());
+      else reduce_inner<F>(P, res.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>());
+    };
+    switch (fn) {
+      case ReduceFn::Sum: run(std::integral_constant<ReduceFn, ReduceFn::Sum>{}); break;
+      case ReduceFn::Prod: run(std::integral_constant<ReduceFn, ReduceFn::Prod>{}); break;
+      case ReduceFn::Max: run(std::integral_constant<ReduceFn, ReduceFn::Max>{}); break;
+      case ReduceFn::Min: run(std::integral_constant<ReduceFn, ReduceFn::Min>{}); break;
+    }
+  });
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pointops, CPU, m) {
-  m.impl("strided_map", &strided_map_cpu);
-  m.impl("strided_map_out", &strided_map_out_cpu);
-  m.impl("strided_zip", &strided_zip_cpu);
-  m.impl("strided_zip_out", &strided_zip_out_cpu);
-  m.impl("strided_reduce", &strided_reduce_cpu);
+  m.impl("strided_map", &map_entry<map_into_cpu>);
+  m.impl("strided_map_out", &map_out_entry<map_into_cpu>);
+  m.impl("strided_zip", &zip_entry<zip_into_cpu>);
+  m.impl("strided_zip_out", &zip_out_entry<zip_into_cpu>);
+  m.impl("strided_reduce", &reduce_entry<reduce_into_cpu>);
 }
 
 }  // namespace strided

@@ -16,7 +16,7 @@
 #include <cstring>
 #include <vector>
 
-#include "strided/strided.h"
+#include "strided/strided_entries.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define POINTOPS_MATMUL_X86 1
@@ -101,11 +101,6 @@ void tile_product_dispatch(int64_t mc, int64_t nc, int64_t kc, const A* apack, c
   tile_product<A>(mc, nc, kc, apack, bpack, ctile);
 }
 
-struct MatmulCall {
-  int64_t n, k, m;
-  int64_t as0, as1, bs0, bs1, cs0, cs1;  // row / column strides of A, B, C (elements)
-};
-
 // One (batch entry, tile) task: C[i0:i0+mc, j0:j0+nc] of the matrices at a, b, c.
 template <typename T>
 void matmul_tile(const MatmulCall& mc_, const T* a, const T* b, T* c, int64_t i0, int64_t j0,
@@ -143,28 +138,10 @@ void matmul_tile(const MatmulCall& mc_, const T* a, const T* b, T* c, int64_t i0
     for (int64_t j = 0; j < nc; ++j) c[(i0 + i) * mc_.cs0 + (j0 + j) * mc_.cs1] = static_cast<T>(ctile[i * kNC + j]);
 }
 
-at::Tensor strided_matmul_cpu(const at::Tensor& a_in, const at::Tensor& b_in) {
-  const std::vector<int64_t> shape = check_matmul_inputs(a_in, b_in);
-  at::Tensor c = at::empty(shape, a_in.options());
-  const int64_t nb = static_cast<int64_t>(shape.size()) - 2;
-  const int64_t n = a_in.size(-2), k = a_in.size(-1), m = b_in.size(-1);
-  if (c.numel() == 0) return c;
-  if (k == 0) return c.zero_();
-  std::vector<int64_t> batch(shape.begin(), shape.begin() + nb);
-  std::vector<int64_t> a_shape = batch, b_shape = batch;
-  a_shape.insert(a_shape.end(), {n, k});
-  b_shape.insert(b_shape.end(), {k, m});
-  at::Tensor a = a_in.expand(a_shape), b = b_in.expand(b_shape);  // views: broadcast batch dims get stride 0
-  auto batch_strides = [&](const at::Tensor& t) { return std::vector<int64_t>(t.strides().begin(), t.strides().end() - 2); };
-  StridedLayout<3> L;
-  if (!make_layout<3>(batch, {batch_strides(c), batch_strides(a), batch_strides(b)}, L)) {
-    // more than kMaxDims batch dims after merging: contiguous operands merge to one
-    a = a.contiguous();
-    b = b.contiguous();
-    TORCH_INTERNAL_ASSERT(make_layout<3>(batch, {batch_strides(c), batch_strides(a), batch_strides(b)}, L));
-  }
-  const MatmulCall call{n, k, m, a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1), c.stride(-2), c.stride(-1)};
-  const int64_t row_tiles = (n + kMC - 1) / kMC, col_tiles = (m + kNC - 1) / kNC, tiles = row_tiles * col_tiles;
+void matmul_into_cpu(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, const StridedLayout<3>& L,
+                     const MatmulCall& call) {
+  const int64_t row_tiles = (call.n + kMC - 1) / kMC, col_tiles = (call.m + kNC - 1) / kNC;
+  const int64_t tiles = row_tiles * col_tiles;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "strided_matmul_cpu", [&] {
     const scalar_t* pa = a.const_data_ptr<scalar_t>();
     const scalar_t* pb = b.const_data_ptr<scalar_t>();
@@ -180,12 +157,11 @@ at::Tensor strided_matmul_cpu(const at::Tensor& a_in, const at::Tensor& b_in) {
       }
     });
   });
-  return c;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(pointops, CPU, m) { m.impl("strided_matmul", &strided_matmul_cpu); }
+TORCH_LIBRARY_IMPL(pointops, CPU, m) { m.impl("strided_matmul", &matmul_entry<matmul_into_cpu>); }
 
 }  // namespace strided
 }  // namespace pointops
