@@ -27,9 +27,10 @@ naming both. float16 / bfloat16 compute in float32 and round once. matmul: float
 (never TF32, whatever torch.backends say), float64 in float64, half types accumulate in float32.
 
 Determinism: reductions and matmul use no atomics and a work split that depends only on the shapes
-and strides, so the same input gives bitwise the same output on every run. Sums are formed in blocks
-of 256 terms in the compute type, the block sums added in float64: float32 sums of millions of terms
-stay within float32 rounding of the float64 sum.
+and strides, so the same input gives bitwise the same output on every run. On the CPU sums are formed
+in blocks of 1024 terms in the compute type (32 interleaved sums of 32), the block sums added in
+float64; on CUDA each thread sums in float64 and the threads' sums combine in fixed trees. Either
+way float32 sums of millions of terms stay within float32 rounding of the float64 sum.
 
 ``out=`` (map and zip): any strided tensor of the result's shape, dtype and device, written in place
 (no temporary) and returned. ``out=x`` (in place) works. Refused: an out whose elements share memory

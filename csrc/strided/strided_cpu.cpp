@@ -7,10 +7,10 @@
 // remain after merging (then the inputs are made contiguous: slower, same answer).
 //
 // Reductions are deterministic: the work split depends only on the shapes and strides, never on the
-// thread count. Sums are taken in blocks of kBlock = 256 elements in the compute type (32
-// interleaved partial sums of 8 terms, combined in a fixed tree: enough independent vector adds to
-// hide their latency) and the block sums added in float64: a float32 sum of 2^22 terms stays within
-// float32 rounding of the float64 sum. Two layouts:
+// thread count. Sums are taken in blocks of kBlock = 1024 elements in the compute type (32
+// interleaved partial sums of 32 terms, combined in a fixed tree: enough independent vector adds to
+// hide their latency, and a block long enough to amortise the tree) and the block sums added in
+// float64: a float32 sum of 2^22 terms stays within float32 rounding of the float64 sum. Two layouts:
 //   inner: the reduced dims include the input's innermost (smallest-stride) dim: each output sums
 //          its own runs; a long reduction is cut into fixed chunks of kChunk elements whose
 //          partial results are combined in chunk order;
@@ -59,7 +59,7 @@ bool has_avx2() {
 }
 
 constexpr int64_t kGrain = 32768;   // elements per parallel task, at least
-constexpr int64_t kBlock = 256;     // summands per compute-type partial sum
+constexpr int64_t kBlock = 1024;    // summands per compute-type partial sum
 constexpr int64_t kChunk = 1 << 16; // reduced elements per task when an output's reduction is split
 constexpr int64_t kTile = 64;       // adjacent outputs accumulated together (outer reductions)
 constexpr int kLanes = 32;          // interleaved partial results within a block (4 AVX2 vectors of float)
