@@ -1,8 +1,8 @@
 """Strided kernels: pointops.strided map / zip / reduce / matmul vs the torch op on the same views.
 
 Each row runs the pointops op and the torch equivalent (torch.exp, torch.add, torch.sum,
-torch.matmul, ...) on the same inputs in the same process: on the CPU with all of torch's threads
-(wall time, median of repeats), on the GPU with CUDA events. Correctness first: every row compares
+torch.matmul, ...) on the same inputs in the same process: on the CPU with torch's threads (wall
+time, the two calls alternating, median of repeats), on the GPU with CUDA events. Correctness first: every row compares
 the two results (float32: relative error 1e-5 against torch for the elementwise ops and the
 reductions, matmul within k * 2^-24 of the sum of |a||b| from a float64 product) and raises
 instead of timing a wrong kernel.
@@ -14,7 +14,9 @@ plain device-to-device copy of the same bytes, and matmul TFLOP/s next to cuBLAS
     python benchmarks/bench_strided.py [--quick] [--device cpu|cuda]
 """
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,6 +29,22 @@ from pointops import strided  # noqa: E402
 
 FULL = dict(elems=1 << 24, rows=4096, mm=2048, cpu_elems=1 << 23, cpu_mm=1024)
 QUICK = dict(elems=1 << 20, rows=1024, mm=512, cpu_elems=1 << 20, cpu_mm=256)
+
+
+def time_pair(ours, theirs, repeat, cuda):
+    """Median times (ms) of ours and theirs. On the CPU the two alternate call by call, so that a
+    machine shared with other work loads both alike; on the GPU, CUDA events (common.time_ms)."""
+    if cuda:
+        return time_ms(ours, repeat=repeat, cuda=True), time_ms(theirs, repeat=repeat, cuda=True)
+    for _ in range(3):
+        ours(), theirs()
+    t_ours, t_theirs = [], []
+    for _ in range(repeat):
+        for fn, times in ((ours, t_ours), (theirs, t_theirs)):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(t_ours), statistics.median(t_theirs)
 
 
 def check(got, ref, what, rtol=1e-5):
@@ -95,8 +113,7 @@ def bench_device(device, sizes, quick):
     rows = []
     for name, ours, theirs, nbytes in elementwise_cases(n, device):
         check(ours(), theirs(), name)
-        t_ours = time_ms(ours, repeat=repeat, cuda=cuda)
-        t_torch = time_ms(theirs, repeat=repeat, cuda=cuda)
+        t_ours, t_torch = time_pair(ours, theirs, repeat, cuda)
         extra = ""
         if cuda:
             buf = torch.empty(nbytes // 8, device=device)  # nbytes / 2 bytes: a clone moves nbytes
@@ -107,8 +124,8 @@ def bench_device(device, sizes, quick):
     for name, x, dim, fn, nbytes in reduction_cases(n, device):
         check_reduction(strided.reduce(x, dim, fn), x, tuple(range(x.dim())) if dim is None else dim, fn, name)
         torch_fn = torch.sum if fn == "sum" else torch.amax
-        t_ours = time_ms(lambda: strided.reduce(x, dim, fn), repeat=repeat, cuda=cuda)
-        t_torch = time_ms(lambda: torch_fn(x) if dim is None else torch_fn(x, dim), repeat=repeat, cuda=cuda)
+        t_ours, t_torch = time_pair(lambda: strided.reduce(x, dim, fn),
+                                    lambda: torch_fn(x) if dim is None else torch_fn(x, dim), repeat, cuda)
         extra = f"{nbytes / t_ours / 1e9:.2f} TB/s" if cuda else ""
         rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])
         print(rows[-1], flush=True)
@@ -122,8 +139,8 @@ def bench_device(device, sizes, quick):
             bound = mm * 2**-24 * (a.double().abs() @ b.double().abs())
             if not ((got.double() - ref).abs() <= bound).all():
                 raise AssertionError(f"{name}: pointops exceeds the float32 error bound")
-            t_ours = time_ms(lambda: strided.matmul(a, b), repeat=repeat, cuda=cuda)
-            t_torch = time_ms(lambda: torch.matmul(a, b), repeat=repeat, cuda=cuda)
+            t_ours, t_torch = time_pair(lambda: strided.matmul(a, b), lambda: torch.matmul(a, b),
+                                        max(5, repeat // 5), cuda)
             flops = 2 * mm**3
             extra = f"{flops / t_ours / 1e9:.2f} TFLOP/s (torch {flops / t_torch / 1e9:.2f})"
             rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])

@@ -253,8 +253,11 @@ POINTOPS_INLINE void reduce_run_impl(const T* p, int64_t n, int64_t s,
                                      typename Reducer<F, at::opmath_type<T>>::Total& total) {
   using A = at::opmath_type<T>;
   using R = Reducer<F, A>;
-  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
-    const int64_t len = std::min(kBlock, n - j0);
+  // max / min are exact in any order: one block per run (no tree per kBlock elements)
+  constexpr bool exact = F == ReduceFn::Max || F == ReduceFn::Min;
+  const int64_t block = exact ? std::max<int64_t>(n, 1) : kBlock;
+  for (int64_t j0 = 0; j0 < n; j0 += block) {
+    const int64_t len = std::min(block, n - j0);
     A lanes[kLanes];
     for (int l = 0; l < kLanes; ++l) lanes[l] = R::identity();
     const T* q = p + j0 * s;

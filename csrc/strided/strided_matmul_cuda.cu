@@ -32,6 +32,10 @@ struct Tiles<double> {  // 64 x 64 tile, 4 x 4 per thread, 256 threads
   static constexpr int BM = 64, BN = 64, BK = 8, TM = 4, TN = 4;
 };
 
+// IEEE fused multiply-adds in the compute type (float: never TF32 or a widened double fma).
+__device__ __forceinline__ float fused(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double fused(double a, double b, double c) { return __fma_rn(a, b, c); }
+
 struct MatmulArgs {
   MatmulCall call;
   StridedLayout<3> batch;  // operands c, a, b
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
-          for (int j = 0; j < TN; ++j) acc[i][j] = fma(fa[i], fb[j], acc[i][j]);
+          for (int j = 0; j < TN; ++j) acc[i][j] = fused(fa[i], fb[j], acc[i][j]);
       }
       if (s + 1 < slices) store(buf ^ 1);  // the other buffer: nobody reads it in this slice
       __syncthreads();
