@@ -50,6 +50,20 @@ TORCH_LIBRARY(pointops, m) {
   // pair values: moments have the sums' shape plus a trailing D. The pieces of the gradients.
   m.def("_particle_sum_moments(Tensor targets, Tensor sources, Tensor weights, str kernel, "
         "float? sigma=None, float? wavenumber=None) -> (Tensor sums, Tensor moments)");
+
+  // ---- Strided tensor kernels (csrc/strided; design notes at the top of strided/strided.h) ----
+  // Any strided view (permuted, stepped, offset, expanded) is read in place. fn names: see the header.
+  // The *_out ops write `out` (any non-overlapping strided tensor of the result's shape) and return
+  // nothing, which torch.compile functionalizes; pointops/strided.py returns out to the caller.
+  m.def("strided_map(Tensor x, str fn) -> Tensor");
+  m.def("strided_map_out(Tensor x, str fn, Tensor(a!) out) -> ()");
+  // a and b broadcast as in torch and share one dtype.
+  m.def("strided_zip(Tensor a, Tensor b, str fn) -> Tensor");
+  m.def("strided_zip_out(Tensor a, Tensor b, str fn, Tensor(a!) out) -> ()");
+  // fn "sum", "prod", "max", "min" over dim (None or [] = every dim, as torch.sum); deterministic.
+  m.def("strided_reduce(Tensor x, int[]? dim=None, str fn=\"sum\", bool keepdim=False) -> Tensor");
+  // (..., n, k) @ (..., k, m), batch dims broadcast; float32 in IEEE float32 (no TF32).
+  m.def("strided_matmul(Tensor a, Tensor b) -> Tensor");
 }
 
 // The Python module: build facts only (the ops live in torch.ops.pointops).

@@ -4,6 +4,7 @@ Public API:
   nearest_neighbor, chamfer, chamfer_distance, ChamferLoss, ChamferFunction, fscore
   voxelize, voxel_features, Voxels, Voxelizer
   particle_sum, ParticleSum
+  strided (module): strided.map, strided.zip, strided.reduce, strided.matmul over any strided view
   build_info()
 """
 import torch  # noqa: F401  (loads libtorch before the extension)
@@ -17,6 +18,7 @@ from .chamfer import ChamferFunction, chamfer, fscore, nearest_neighbor  # noqa:
 from .chamfer_loss import ChamferLoss, chamfer_distance  # noqa: E402
 from .voxelize import Voxelizer, Voxels, voxel_features, voxelize  # noqa: E402
 from .particle_sum import ParticleSum, particle_sum  # noqa: E402
+from . import strided  # noqa: E402
 
 
 def build_info() -> dict:
@@ -29,5 +31,5 @@ def build_info() -> dict:
 
 __all__ = [
     "nearest_neighbor", "chamfer", "chamfer_distance", "ChamferLoss", "ChamferFunction", "fscore",
-    "voxelize", "voxel_features", "Voxels", "Voxelizer", "particle_sum", "ParticleSum", "build_info", "__version__",
+    "voxelize", "voxel_features", "Voxels", "Voxelizer", "particle_sum", "ParticleSum", "strided", "build_info", "__version__",
 ]

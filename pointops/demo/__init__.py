@@ -5,6 +5,8 @@ results and timings and (with matplotlib) saving a picture.
 * :mod:`.voxelize`: voxelize a ray-cast LiDAR street scan.
 * :mod:`.particle_sum`: the Gaussian field of 50 particles on three planes through the unit cube,
   against the torch chunked way (cdist + exp + matmul).
+* :mod:`.strided`: a small MLP written only with pointops.strided ops on non-contiguous views,
+  checked against torch, with this machine's matmul and bandwidth figures.
 """
 from __future__ import annotations
 
@@ -14,17 +16,19 @@ import torch
 
 from .chamfer import demo_chamfer
 from .particle_sum import demo_particle_sum
+from .strided import demo_strided
 from .voxelize import demo_voxelize
 
-__all__ = ["run_demo", "demo_chamfer", "demo_voxelize", "demo_particle_sum"]
+__all__ = ["run_demo", "demo_chamfer", "demo_voxelize", "demo_particle_sum", "demo_strided"]
 
 
 def run_demo(device: torch.device | str, outdir: pathlib.Path | str | None = None, steps: int = 200,
              points: int = 8192) -> None:
-    """Run the three demos in order on `device`; pictures go to `outdir` (None: no pictures).
+    """Run the four demos in order on `device`; pictures go to `outdir` (None: no pictures).
     `steps` and `points` size the Chamfer fit."""
     device = torch.device(device)
     outdir = None if outdir is None else pathlib.Path(outdir)
     demo_chamfer(device, outdir, steps=steps, points=points)
     demo_voxelize(device, outdir)
     demo_particle_sum(device, outdir)
+    demo_strided(device, outdir)

@@ -1,0 +1,175 @@
+"""Strided kernels: pointops.strided map / zip / reduce / matmul vs the torch op on the same views.
+
+Each row runs the pointops op and the torch equivalent (torch.exp, torch.add, torch.sum,
+torch.matmul, ...) on the same inputs in the same process: on the CPU with torch's threads (wall
+time, the two calls alternating, median of repeats), on the GPU with CUDA events. Correctness first: every row compares
+the two results (float32: relative error 1e-5 against torch for the elementwise ops and the
+reductions, matmul within k * 2^-24 of the sum of |a||b| from a float64 product) and raises
+instead of timing a wrong kernel.
+
+Columns: the times, torch / pointops (>= 1 means pointops is faster; the CPU target for map, zip and
+reduce is >= 0.7), and on the GPU the achieved bandwidth (bytes read + written / time) next to a
+plain device-to-device copy of the same bytes, and matmul TFLOP/s next to cuBLAS with TF32 off.
+
+    python benchmarks/bench_strided.py [--quick] [--device cpu|cuda]
+"""
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import markdown_table, time_ms  # noqa: E402
+
+import pointops  # noqa: E402
+from pointops import strided  # noqa: E402
+
+FULL = dict(elems=1 << 24, rows=4096, mm=2048, cpu_elems=1 << 23, cpu_mm=1024)
+QUICK = dict(elems=1 << 20, rows=1024, mm=512, cpu_elems=1 << 20, cpu_mm=256)
+
+
+def time_pair(ours, theirs, repeat, cuda):
+    """Median times (ms) of ours and theirs. On the CPU the two alternate call by call, so that a
+    machine shared with other work loads both alike; on the GPU, CUDA events (common.time_ms)."""
+    if cuda:
+        return time_ms(ours, repeat=repeat, cuda=True), time_ms(theirs, repeat=repeat, cuda=True)
+    for _ in range(3):
+        ours(), theirs()
+    t_ours, t_theirs = [], []
+    for _ in range(repeat):
+        for fn, times in ((ours, t_ours), (theirs, t_theirs)):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(t_ours), statistics.median(t_theirs)
+
+
+def check(got, ref, what, rtol=1e-5):
+    """Elementwise: against torch, relative to the largest value. Reductions (`ref` a float64 sum
+    or max, `scale` the float64 sum of magnitudes): within rtol of the scale."""
+    err = ((got.double() - ref.double()).abs().max() / ref.double().abs().max().clamp(min=1e-30)).item()
+    if not err <= rtol:
+        raise AssertionError(f"{what}: pointops differs from torch by {err:.3g} (relative to the max), > {rtol}")
+
+
+def check_reduction(got, x, dim, fn, what, rtol=1e-6):
+    """Against the float64 reduction of the same values, relative to the sum of magnitudes."""
+    xd = x.double()
+    ref = xd.sum(dim) if fn == "sum" else xd.amax(dim)
+    scale = xd.abs().sum(dim) if fn == "sum" else ref.abs()
+    if not ((got.double() - ref).abs() <= rtol * scale).all():
+        raise AssertionError(f"{what}: pointops differs from the float64 {fn} by more than {rtol} of the magnitudes")
+
+
+def elementwise_cases(n, device):
+    """(name, pointops fn, torch fn, bytes moved) for map / zip / reduce on n float32 elements."""
+    side = int(n ** 0.5)
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(side, side, device=device, generator=g)
+    y = torch.randn(side, side, device=device, generator=g)
+    row = torch.randn(side, device=device, generator=g)
+    xt = x.t()
+    b = x.numel() * 4
+    return [
+        ("map exp, contiguous", lambda: strided.map(x, "exp"), lambda: torch.exp(x), 2 * b),
+        ("map relu, contiguous", lambda: strided.map(x, "relu"), lambda: torch.relu(x), 2 * b),
+        ("map tanh, transposed", lambda: strided.map(xt, "tanh"), lambda: torch.tanh(xt), 2 * b),
+        ("zip add, contiguous", lambda: strided.zip(x, y, "add"), lambda: torch.add(x, y), 3 * b),
+        ("zip mul, row broadcast", lambda: strided.zip(x, row, "mul"), lambda: torch.mul(x, row), 2 * b),
+        ("zip max, transposed a", lambda: strided.zip(xt, y, "max"), lambda: torch.maximum(xt, y), 3 * b),
+    ]
+
+
+def reduction_cases(n, device):
+    """(name, x, dim, fn, bytes read)."""
+    side = int(n ** 0.5)
+    g = torch.Generator(device=device).manual_seed(2)
+    x = torch.randn(side, side, device=device, generator=g)
+    b = x.numel() * 4
+    return [("reduce sum, all", x, None, "sum", b), ("reduce sum, rows (dim 1)", x, 1, "sum", b),
+            ("reduce sum, columns (dim 0)", x, 0, "sum", b), ("reduce max, dim 1", x, 1, "max", b),
+            ("reduce sum, dim 1 of transposed", x.t(), 1, "sum", b)]
+
+
+def matmul_cases(n, device):
+    g = torch.Generator(device=device).manual_seed(1)
+    a = torch.randn(n, n, device=device, generator=g)
+    bm = torch.randn(n, n, device=device, generator=g)
+    at_ = torch.randn(n, n, device=device, generator=g).t()
+    return [
+        (f"matmul {n}^3, contiguous", a, bm),
+        (f"matmul {n}^3, a transposed", at_, bm),
+        (f"matmul {n}^3, b transposed", a, bm.t()),
+    ]
+
+
+def bench_device(device, sizes, quick):
+    cuda = device == "cuda"
+    repeat = 10 if quick else 50
+    n = sizes["elems"] if cuda else sizes["cpu_elems"]
+    rows = []
+    for name, ours, theirs, nbytes in elementwise_cases(n, device):
+        check(ours(), theirs(), name)
+        t_ours, t_torch = time_pair(ours, theirs, repeat, cuda)
+        extra = ""
+        if cuda:
+            buf = torch.empty(nbytes // 8, device=device)  # nbytes / 2 bytes: a clone moves nbytes
+            t_copy = time_ms(lambda: buf.clone(), repeat=repeat, cuda=True)
+            extra = f"{nbytes / t_ours / 1e9:.2f} TB/s (copy {nbytes / t_copy / 1e9:.2f})"
+        rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])
+        print(rows[-1], flush=True)
+    for name, x, dim, fn, nbytes in reduction_cases(n, device):
+        check_reduction(strided.reduce(x, dim, fn), x, tuple(range(x.dim())) if dim is None else dim, fn, name)
+        torch_fn = torch.sum if fn == "sum" else torch.amax
+        t_ours, t_torch = time_pair(lambda: strided.reduce(x, dim, fn),
+                                    lambda: torch_fn(x) if dim is None else torch_fn(x, dim), repeat, cuda)
+        extra = f"{nbytes / t_ours / 1e9:.2f} TB/s" if cuda else ""
+        rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])
+        print(rows[-1], flush=True)
+    mm = sizes["mm"] if cuda else sizes["cpu_mm"]
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS in IEEE float32, as pointops
+    try:
+        for name, a, b in matmul_cases(mm, device):
+            got = strided.matmul(a, b)
+            ref = a.double() @ b.double()
+            bound = mm * 2**-24 * (a.double().abs() @ b.double().abs())
+            if not ((got.double() - ref).abs() <= bound).all():
+                raise AssertionError(f"{name}: pointops exceeds the float32 error bound")
+            t_ours, t_torch = time_pair(lambda: strided.matmul(a, b), lambda: torch.matmul(a, b),
+                                        max(5, repeat // 5), cuda)
+            flops = 2 * mm**3
+            extra = f"{flops / t_ours / 1e9:.2f} TFLOP/s (torch {flops / t_torch / 1e9:.2f})"
+            rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])
+            print(rows[-1], flush=True)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    return rows
+
+
+def run(quick=False, devices=None):
+    sizes = QUICK if quick else FULL
+    if devices is None:
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and pointops.build_info()["cuda"] else [])
+    rows = []
+    for device in devices:
+        rows += bench_device(device, sizes, quick)
+    header = ["device", "case (float32)", "pointops ms", "torch ms", "torch / pointops", "throughput"]
+    threads = torch.get_num_threads()
+    return (f"## Strided kernels\n\nCPU rows use {threads} torch threads. Elementwise cases: "
+            f"{sizes['cpu_elems']:,} elements on the CPU, {sizes['elems']:,} on the GPU.\n\n"
+            + markdown_table(header, rows))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default=None, choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(run(args.quick, None if args.device is None else [args.device]))

@@ -1,0 +1,162 @@
+// The op entry points of the strided family, shared by the CPU and CUDA backends: each takes a
+// backend's kernel launcher as a template argument (like particle_sum_entry). The entries check
+// the arguments, allocate the results, handle the empty and > kMaxDims cases; the launchers only
+// ever see non-empty problems whose layouts fit in kMaxDims dims.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "strided/strided.h"
+
+namespace pointops {
+namespace strided {
+
+// A reduction as the kernels walk it: the outputs (operand 0 the result, 1 the input) and, inside
+// each output, the reduced elements (input strides), each merged on its own.
+struct ReducePlan {
+  StridedLayout<2> kept;
+  StridedLayout<1> reduced;
+};
+// false when either layout has more than kMaxDims dims
+bool plan_reduce(const at::Tensor& x, const std::vector<int64_t>& dims, const at::Tensor& res, ReducePlan& P);
+
+// "outer": a kept dim is the input's innermost (its stride is below the reduced dims' innermost
+// stride) and wide enough to vectorise / coalesce across outputs; else "inner".
+inline bool reduce_is_outer(const ReducePlan& P) {
+  const int inner = P.kept.ndim - 1;
+  return P.reduced.numel() > 1 && P.kept.sizes[inner] >= 8 &&
+         P.kept.strides[1][inner] < P.reduced.strides[0][P.reduced.ndim - 1];
+}
+
+// One matrix product of a batch: rows / columns strides of A (n x k), B (k x m), C (n x m).
+struct MatmulCall {
+  int64_t n, k, m;
+  int64_t as0, as1, bs0, bs1, cs0, cs1;
+};
+
+using MapInto = void (*)(const at::Tensor& out, const at::Tensor& x, MapFn fn);
+using ZipInto = void (*)(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn);
+using ReduceInto = void (*)(const at::Tensor& res, const at::Tensor& x, const ReducePlan& plan, ReduceFn fn);
+// c, a, b: the (expanded) operands; batch: the merged batch layout (operands c, a, b).
+using MatmulInto = void (*)(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
+                            const StridedLayout<3>& batch, const MatmulCall& call);
+
+// Whether out and its inputs (broadcast to out) merge into kMaxDims dims.
+bool fits_layout(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs);
+
+template <MapInto Impl>
+void map_into(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
+  if (out.numel() == 0) return;
+  if (!fits_layout(out, {&x})) {  // contiguous operands always merge to one dim
+    at::Tensor tmp = at::empty(out.sizes(), out.options());
+    Impl(tmp, x.expand(out.sizes()).contiguous(), fn);
+    out.copy_(tmp);
+    return;
+  }
+  Impl(out, x, fn);
+}
+
+template <ZipInto Impl>
+void zip_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
+  if (out.numel() == 0) return;
+  if (!fits_layout(out, {&a, &b})) {
+    at::Tensor tmp = at::empty(out.sizes(), out.options());
+    Impl(tmp, a.expand(out.sizes()).contiguous(), b.expand(out.sizes()).contiguous(), fn);
+    out.copy_(tmp);
+    return;
+  }
+  Impl(out, a, b, fn);
+}
+
+template <MapInto Impl>
+at::Tensor map_entry(const at::Tensor& x, c10::string_view fn) {
+  const MapFn f = parse_map_fn(fn);
+  check_strided_dtype(x, "x");
+  at::Tensor out = at::empty_like(x, at::MemoryFormat::Preserve);
+  map_into<Impl>(out, x, f);
+  return out;
+}
+
+template <MapInto Impl>
+void map_out_entry(const at::Tensor& x, c10::string_view fn, const at::Tensor& out) {
+  const MapFn f = parse_map_fn(fn);
+  check_strided_dtype(x, "x");
+  check_out(out, x.sizes(), x.scalar_type(), x, {&x}, "map");
+  map_into<Impl>(out, x, f);
+}
+
+template <ZipInto Impl>
+at::Tensor zip_entry(const at::Tensor& a, const at::Tensor& b, c10::string_view fn) {
+  const ZipFn f = parse_zip_fn(fn);
+  const auto shape = check_zip_inputs(a, b, "zip");
+  at::Tensor out = at::empty(shape, a.options());
+  zip_into<Impl>(out, a, b, f);
+  return out;
+}
+
+template <ZipInto Impl>
+void zip_out_entry(const at::Tensor& a, const at::Tensor& b, c10::string_view fn, const at::Tensor& out) {
+  const ZipFn f = parse_zip_fn(fn);
+  const auto shape = check_zip_inputs(a, b, "zip");
+  check_out(out, shape, a.scalar_type(), a, {&a, &b}, "zip");
+  zip_into<Impl>(out, a, b, f);
+}
+
+template <ReduceInto Impl>
+at::Tensor reduce_entry(const at::Tensor& x_in, at::OptionalIntArrayRef dim, c10::string_view fn_name, bool keepdim) {
+  const ReduceFn fn = parse_reduce_fn(fn_name);
+  check_strided_dtype(x_in, "x");
+  const std::vector<int64_t> dims = reduced_dims(x_in, dim);
+  int64_t count = 1;
+  for (int64_t d : dims) count *= x_in.size(d);
+  if (fn == ReduceFn::Max || fn == ReduceFn::Min) {
+    TORCH_CHECK(count > 0, "reduce: fn='", std::string(fn_name), "' over zero elements has no identity: x has shape ",
+                x_in.sizes(), " and the reduced dims ", dims, " have zero size (as torch.amax / amin)");
+  }
+  // allocated in the returned shape (keepdim's size-1 dims included), written through a view without them
+  at::Tensor result = at::empty(reduce_output_shape(x_in, dims, keepdim), x_in.options());
+  at::Tensor res = keepdim ? result.view(reduce_output_shape(x_in, dims, false)) : result;
+  if (res.numel() == 0) return result;
+  at::Tensor x = x_in;
+  ReducePlan P;
+  if (!plan_reduce(x, dims, res, P)) {
+    x = x_in.contiguous();  // more than kMaxDims dims: contiguous merges to few dims
+    TORCH_INTERNAL_ASSERT(plan_reduce(x, dims, res, P));
+  }
+  Impl(res, x, P, fn);
+  return result;
+}
+
+template <MatmulInto Impl>
+at::Tensor matmul_entry(const at::Tensor& a_in, const at::Tensor& b_in) {
+  const std::vector<int64_t> shape = check_matmul_inputs(a_in, b_in);
+  at::Tensor c = at::empty(shape, a_in.options());
+  const int64_t nb = static_cast<int64_t>(shape.size()) - 2;
+  const int64_t n = a_in.size(-2), k = a_in.size(-1), m = b_in.size(-1);
+  if (c.numel() == 0) return c;
+  if (k == 0) return c.zero_();
+  std::vector<int64_t> batch(shape.begin(), shape.begin() + nb);
+  std::vector<int64_t> a_shape = batch, b_shape = batch;
+  a_shape.insert(a_shape.end(), {n, k});
+  b_shape.insert(b_shape.end(), {k, m});
+  at::Tensor a = a_in.expand(a_shape), b = b_in.expand(b_shape);  // views: broadcast batch dims get stride 0
+  auto batch_strides = [](const at::Tensor& t) {
+    return std::vector<int64_t>(t.strides().begin(), t.strides().end() - 2);
+  };
+  StridedLayout<3> L;
+  if (!make_layout<3>(batch, {batch_strides(c), batch_strides(a), batch_strides(b)}, L)) {
+    // more than kMaxDims batch dims after merging: contiguous operands merge to one
+    a = a.contiguous();
+    b = b.contiguous();
+    TORCH_INTERNAL_ASSERT(make_layout<3>(batch, {batch_strides(c), batch_strides(a), batch_strides(b)}, L));
+  }
+  const MatmulCall call{n, k, m, a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1), c.stride(-2), c.stride(-1)};
+  Impl(c, a, b, L, call);
+  return c;
+}
+
+}  // namespace strided
+}  // namespace pointops
