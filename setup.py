@@ -1,5 +1,7 @@
 """Build pointops._C: the CUDA extension when torch has CUDA and nvcc is present (or FORCE_CUDA=1),
-otherwise the CPU extension. Honours TORCH_CUDA_ARCH_LIST and MAX_JOBS (through torch's build_ext)."""
+otherwise the CPU extension. Honours TORCH_CUDA_ARCH_LIST and MAX_JOBS (through torch's build_ext).
+Beside the module it writes pointops/_build_config.py: the torch it was compiled against, which the
+loader checks before importing it (pointops/_build_record.py)."""
 import importlib.util
 import os
 from pathlib import Path
@@ -16,12 +18,14 @@ def _load(name, path):
     return module
 
 
-def extensions():
+sources = _load("_pointops_sources", ROOT / "pointops" / "_sources.py")
+build_record = _load("_pointops_build_record", ROOT / "pointops" / "_build_record.py")
+
+
+def extensions(with_cuda):
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
-    sources = _load("_pointops_sources", ROOT / "pointops" / "_sources.py")
     version = _load("_pointops_version", ROOT / "pointops" / "_version.py").__version__
-    with_cuda = sources.want_cuda()
     print(f"pointops: building the {'CUDA' if with_cuda else 'CPU-only'} extension "
           f"(torch.version.cuda={__import__('torch').version.cuda}, FORCE_CUDA={os.environ.get('FORCE_CUDA', '0')})")
     # Relative paths keep the build reproducible and the compiled file names short.
@@ -40,10 +44,23 @@ def extensions():
     return [CppExtension(**kwargs)]
 
 
-def build_ext_class():
+def build_ext_class(with_cuda):
     from torch.utils.cpp_extension import BuildExtension
 
-    return BuildExtension.with_options(use_ninja=True)
+    class BuildAndRecord(BuildExtension.with_options(use_ninja=True)):
+        def run(self):
+            super().run()
+            self._write_build_config()
+
+        def _write_build_config(self):
+            # Next to the compiled module: in the source package for an in-place (editable) build,
+            # in build_lib (what goes into the wheel) otherwise.
+            config = Path(self.get_ext_fullpath("pointops._C")).parent / build_record.CONFIG_FILE
+            config.write_text(build_record.render(build_record.build_facts(with_cuda)))
+            print(f"pointops: recorded the build's torch in {config}")
+
+    return BuildAndRecord
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": build_ext_class()})
+WITH_CUDA = sources.want_cuda()
+setup(ext_modules=extensions(WITH_CUDA), cmdclass={"build_ext": build_ext_class(WITH_CUDA)})
