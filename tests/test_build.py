@@ -25,7 +25,12 @@ def test_build_info():
     assert info["cuda"] == HAS_CUDA_BUILD
     assert (info["cuda_version"] is not None) == info["cuda"]
     assert info["torch_version"].split(".")[:2] == torch.__version__.split("+")[0].split(".")[:2]
+    assert isinstance(info["cuda_archs"], list) and bool(info["cuda_archs"]) == info["cuda"]
+    assert all(re.fullmatch(r"(sm|compute)_\d+a?", arch) for arch in info["cuda_archs"]), info["cuda_archs"]
     assert info["loaded"] in ("prebuilt", "jit")
+    assert Path(info["path"]).is_file()
+    if info["loaded"] == "prebuilt":  # the module inside the package, not a JIT cache
+        assert Path(info["path"]).parent == Path(pointops.__file__).parent
 
 
 def test_jit_build_from_clean_cache(tmp_path):
@@ -64,7 +69,15 @@ def test_demo_command_fits(tmp_path):
 def test_info_command():
     result = subprocess.run([sys.executable, "-m", "pointops", "info"], cwd=REPO, capture_output=True, text=True,
                             timeout=300)
-    assert result.returncode == 0 and "'version'" in result.stdout
+    assert result.returncode == 0, result.stdout + result.stderr
+    info = pointops.build_info()
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"pointops {pointops.__version__}"
+    kind = f"CUDA {info['cuda_version']}, GPU code for {info['cuda_archs'][0]}" if info["cuda"] else "CPU-only"
+    assert any(line.startswith("build:") and kind in line for line in lines), result.stdout
+    assert f"built against:  torch {info['torch_version']}" in lines, result.stdout
+    assert any(line.startswith(f"running:        torch {torch.__version__} ") for line in lines), result.stdout
+    assert f"loaded:         {info['loaded']} from {info['path']}" in lines, result.stdout
 
 
 # ---- A build for another torch: refused with the reason, never an undefined-symbol trace ----
