@@ -4,6 +4,8 @@ Beside the module it writes pointops/_build_config.py: the torch it was compiled
 loader checks before importing it (pointops/_build_record.py)."""
 import importlib.util
 import os
+import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import setup
@@ -49,6 +51,12 @@ def build_ext_class(with_cuda):
 
     class BuildAndRecord(BuildExtension.with_options(use_ninja=True)):
         def run(self):
+            if self.editable_mode:
+                # setuptools compiles an editable install in a throw-away directory; the regular
+                # build/temp.* keeps the objects, so the next `pip install -e .` or `pip wheel .`
+                # recompiles only what changed (ninja) instead of everything.
+                plat = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+                self.build_temp = str(ROOT / "build" / f"temp.{plat}")
             super().run()
             self._write_build_config()
 
