@@ -1,7 +1,11 @@
 """Build pointops._C: the CUDA extension when torch has CUDA and nvcc is present (or FORCE_CUDA=1),
-otherwise the CPU extension. Honours TORCH_CUDA_ARCH_LIST and MAX_JOBS (through torch's build_ext)."""
+otherwise the CPU extension. Honours TORCH_CUDA_ARCH_LIST and MAX_JOBS (through torch's build_ext).
+Beside the module it writes pointops/_build_config.py: the torch it was compiled against, which the
+loader checks before importing it (pointops/_build_record.py)."""
 import importlib.util
 import os
+import sys
+import sysconfig
 from pathlib import Path
 
 from setuptools import setup
@@ -16,12 +20,14 @@ def _load(name, path):
     return module
 
 
-def extensions():
+sources = _load("_pointops_sources", ROOT / "pointops" / "_sources.py")
+build_record = _load("_pointops_build_record", ROOT / "pointops" / "_build_record.py")
+
+
+def extensions(with_cuda):
     from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
-    sources = _load("_pointops_sources", ROOT / "pointops" / "_sources.py")
     version = _load("_pointops_version", ROOT / "pointops" / "_version.py").__version__
-    with_cuda = sources.want_cuda()
     print(f"pointops: building the {'CUDA' if with_cuda else 'CPU-only'} extension "
           f"(torch.version.cuda={__import__('torch').version.cuda}, FORCE_CUDA={os.environ.get('FORCE_CUDA', '0')})")
     # Relative paths keep the build reproducible and the compiled file names short.
@@ -40,13 +46,32 @@ def extensions():
     return [CppExtension(**kwargs)]
 
 
-def build_ext_class():
+def build_ext_class(with_cuda):
     from torch.utils.cpp_extension import BuildExtension
 
-    return BuildExtension.with_options(use_ninja=True)
+    class BuildAndRecord(BuildExtension.with_options(use_ninja=True)):
+        def run(self):
+            if self.editable_mode:
+                # setuptools compiles an editable install in a throw-away directory; the regular
+                # build/temp.* keeps the objects, so the next `pip install -e .` or `pip wheel .`
+                # recompiles only what changed (ninja) instead of everything.
+                plat = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+                self.build_temp = str(ROOT / "build" / f"temp.{plat}")
+            super().run()
+            self._write_build_config()
+
+        def _write_build_config(self):
+            # Next to the compiled module: in the source package for an in-place (editable) build,
+            # in build_lib (what goes into the wheel) otherwise.
+            config = Path(self.get_ext_fullpath("pointops._C")).parent / build_record.CONFIG_FILE
+            config.write_text(build_record.render(build_record.build_facts(with_cuda)))
+            print(f"pointops: recorded the build's torch in {config}")
+
+    return BuildAndRecord
 
 
 # A toolchain that links libstdc++ statically builds a module whose error paths segfault (see
 # pointops/_toolchain.py): probe the one setuptools would use and switch to the system g++ if needed.
 os.environ.update(_load("_pointops_toolchain", ROOT / "pointops" / "_toolchain.py").choose(for_jit=False))
-setup(ext_modules=extensions(), cmdclass={"build_ext": build_ext_class()})
+WITH_CUDA = sources.want_cuda()
+setup(ext_modules=extensions(WITH_CUDA), cmdclass={"build_ext": build_ext_class(WITH_CUDA)})

@@ -3,7 +3,6 @@
 // csrc/<family>/<family>_{cpu.cpp,cuda.cu}); ops starting with '_' are private (backward passes).
 #include <torch/library.h>
 #include <torch/extension.h>
-#include <torch/version.h>
 
 TORCH_LIBRARY(pointops, m) {
   // ---- Chamfer / nearest neighbour (csrc/chamfer) ----
@@ -74,11 +73,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef POINTOPS_WITH_CUDA
     info["cuda"] = true;
     info["cuda_version"] = POINTOPS_CUDA_VERSION;
+    info["cuda_archs"] = POINTOPS_CUDA_ARCHS;  // comma-separated nvcc targets, e.g. "sm_90,compute_90"
 #else
     info["cuda"] = false;
     info["cuda_version"] = pybind11::none();
+    info["cuda_archs"] = "";
 #endif
-    info["torch_version"] = TORCH_VERSION;
+    // torch.__version__ of the build (with its local tag, e.g. 2.13.0+cu130); the headers' own
+    // TORCH_VERSION has no tag.
+    info["torch_version"] = POINTOPS_TORCH_VERSION;
     return info;
   });
 }

@@ -22,10 +22,21 @@ from . import strided  # noqa: E402
 
 
 def build_info() -> dict:
-    """Facts about the loaded extension: version, whether it has CUDA kernels, the CUDA version and
-    torch version it was compiled against, and how it was loaded ("prebuilt" or "jit")."""
+    """Facts about the loaded extension (``python -m pointops info`` prints them):
+
+    version       pointops version
+    cuda          True when it has CUDA kernels, False for a CPU-only build
+    cuda_version  the CUDA it was compiled with (None for CPU-only)
+    cuda_archs    the GPU code compiled in, e.g. ["sm_80", "sm_90", "compute_90"] (compute_XX is
+                  PTX, compiled for newer GPUs when loaded); [] for CPU-only
+    torch_version the torch it was compiled against (that torch's ``__version__``)
+    loaded        "prebuilt" (the installed pointops._C) or "jit" (compiled at import)
+    path          the file of the loaded module
+    """
     info = dict(_C.build_info())
+    info["cuda_archs"] = [arch for arch in info["cuda_archs"].split(",") if arch]
     info["loaded"] = _LOADED_HOW
+    info["path"] = _C.__file__
     return info
 
 

@@ -7,6 +7,24 @@ import torch
 import pointops
 
 
+def describe_build(info: dict) -> str:
+    """``pointops.build_info()`` as lines for a person (and a bug report)."""
+    if info["cuda"]:
+        archs = " ".join(f"{a} (PTX)" if a.startswith("compute_") else a for a in info["cuda_archs"])
+        kind = f"CUDA {info['cuda_version']}, GPU code for {archs or 'unknown archs'}"
+    else:
+        kind = "CPU-only (no CUDA kernels)"
+    gpu = (f"{torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))})"
+           if torch.cuda.is_available() else "none")
+    return "\n".join([
+        f"pointops {info['version']}",
+        f"build:          {kind}",
+        f"built against:  torch {info['torch_version']}",
+        f"running:        torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}), GPU: {gpu}",
+        f"loaded:         {info['loaded']} from {info['path']}",
+    ])
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pointops", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -21,7 +39,7 @@ def main(argv=None) -> None:
 
     info = pointops.build_info()
     if args.command == "info":
-        print(info)
+        print(describe_build(info))
         return
     if args.device is None:
         args.device = "cuda" if info["cuda"] and torch.cuda.is_available() else "cpu"

@@ -7,12 +7,19 @@ Environment:
   POINTOPS_JIT_CUDA=0|1   JIT: build without / with the CUDA sources (default: with, when torch has
                           CUDA and a CUDA compiler is found).
   TORCH_EXTENSIONS_DIR    JIT: the build cache (torch's own setting).
+
+A prebuilt module that exists but cannot load (built for another torch, a missing library) is an
+error with the reason, never a silent JIT build: that would hide a broken install, and a wheel has
+no sources to build from anyway.
 """
 import importlib
+import importlib.util
 import os
 
-from . import _sources, _toolchain
+from . import _build_record, _sources, _toolchain
 from ._version import __version__
+
+PREBUILT = "pointops._C"
 
 
 def _jit_build():
@@ -54,10 +61,34 @@ def _jit_build():
                 os.environ[key] = value
 
 
+def _import_prebuilt(path: str):
+    import torch
+
+    built = _build_record.recorded()
+    if built is not None:
+        problem = _build_record.incompatibility(built, _build_record.installed_torch())
+        if problem:
+            raise ImportError(f"{problem}\nThe compiled module: {path}\n"
+                              f"{_build_record.how_to_fix(built['torch_version'])}")
+    try:
+        return importlib.import_module(PREBUILT)
+    except ImportError as e:
+        built_torch = built["torch_version"] if built else None
+        if "undefined symbol" in str(e):
+            against = f"torch {built_torch}" if built_torch else "a different torch"
+            reason = (f"it was most likely compiled against {against}, not the installed torch "
+                      f"{torch.__version__} (a C++ symbol it needs is missing)")
+        else:
+            reason = "a library it needs is missing or does not match"
+        raise ImportError(f"pointops: the compiled module {path} cannot load: {reason}.\n"
+                          f"{_build_record.how_to_fix(built_torch)}\nThe dynamic loader said: {e}") from e
+
+
 def load_extension():
+    """(module, how): the prebuilt pointops._C ("prebuilt"), or a JIT build ("jit") when
+    POINTOPS_JIT=1 or when no pointops._C exists (a source checkout that was never built)."""
     if os.environ.get("POINTOPS_JIT", "0") != "1":
-        try:
-            return importlib.import_module("pointops._C"), "prebuilt"
-        except ImportError:
-            pass
+        spec = importlib.util.find_spec(PREBUILT)
+        if spec is not None:
+            return _import_prebuilt(spec.origin), "prebuilt"
     return _jit_build(), "jit"
