@@ -198,7 +198,10 @@ def test_non_finite(device, dtype):
     b = torch.tensor(special, dtype=dtype, device=device)[None, :].expand(7, 7)
     for fn in strided.MAP_FNS:
         ref = MAP_ORACLE[fn](a.double())
-        torch.testing.assert_close(strided.map(a, fn).double(), ref.to(dtype).double(), equal_nan=True, rtol=0,
+        # The specials map to exact values (0, 1, inf, NaN) except for the transcendental
+        # functions at 1 and -2, which CUDA's expf/tanhf round within 2 ulp, not correctly.
+        rtol = RTOL[dtype] if fn in ("exp", "log", "sigmoid", "tanh") else 0.0
+        torch.testing.assert_close(strided.map(a, fn).double(), ref.to(dtype).double(), equal_nan=True, rtol=rtol,
                                    atol=0, msg=lambda m: f"{fn}: {m}")
     for fn in strided.ZIP_FNS:
         ref = ZIP_ORACLE[fn](a.double(), b.double())
