@@ -163,22 +163,26 @@ def _reduce_points(terms: Tensor, lengths: Optional[Tensor], reduction: str) -> 
     the max over the valid points (0 for an empty cloud). An empty mean is 0, never 0/0."""
     if reduction == "max":
         return terms.amax(1) if terms.shape[1] > 0 else terms.sum(1)
+    if reduction == "mean" and lengths is None and terms.shape[1] > 0:
+        return terms.mean(1)  # the common case in one op: host time matters at small sizes
     total = terms.sum(1)
     if reduction == "sum":
         return total
     if lengths is None:
-        return total / max(terms.shape[1], 1)
+        return total
     return total / lengths.clamp(min=1).to(terms.dtype)
 
 
 def _reduce_batch(loss: Tensor, weights: Optional[Tensor], reduction: Optional[str]) -> Tensor:
     if reduction is None:
         return loss
+    if reduction == "mean" and weights is None and loss.shape[0] > 0:
+        return loss.mean()
     total = loss.sum()
     if reduction == "sum":
         return total
     if weights is None:
-        return total / max(loss.shape[0], 1)
+        return total  # an empty batch: 0
     weight_sum = weights.sum().to(total.dtype)
     # All-zero weights: every term is already 0; dividing by 1 keeps the zero and its gradient path.
     return total / torch.where(weight_sum > 0, weight_sum, torch.ones_like(weight_sum))
