@@ -97,7 +97,8 @@ class ParticleSumMomentsFunction : public torch::autograd::Function<ParticleSumM
 };
 
 // No sizes are read here (only dim() and dtypes): under torch.compile with dynamic shapes this
-// code runs on tensors with symbolic sizes. The ops validate their inputs themselves.
+// code runs on tensors with symbolic sizes. The ops validate their inputs themselves. (The
+// create_graph branch reads sizes; it runs eagerly only: torch.compile has no double backward.)
 class ParticleSumFunction : public torch::autograd::Function<ParticleSumFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& targets, const at::Tensor& sources,
