@@ -69,6 +69,9 @@ def _unpack_cloud(points, lengths: Optional[Tensor], normals: Optional[Tensor], 
             raise ValueError(f"Expected lengths to be of shape (N,) = ({points.shape[0]},); {name}_lengths is {got}")
         if lengths.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"Expected lengths to be an int64 (or int32) tensor; {name}_lengths is {lengths.dtype}")
+        if lengths.device != points.device:
+            raise ValueError(f"Expected lengths on the points' device ({points.device}); {name}_lengths is on "
+                             f"{lengths.device}")
     if normals is not None and (not torch.is_tensor(normals) or normals.shape != points.shape):
         got = tuple(normals.shape) if torch.is_tensor(normals) else type(normals).__name__
         raise ValueError(f"Expected normals to be of shape (N, P, 3) like the points; {name}_normals is {got}, "

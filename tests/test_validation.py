@@ -345,3 +345,9 @@ def test_chamfer_norm_is_an_int_not_a_flag():
         pointops.chamfer_distance(x, y, norm=True)
     with pytest.raises(ValueError, match="squared=False applies to norm=2 only"):
         pointops.ChamferLoss(norm=1, squared=False)  # refused when built, not at the first call
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (a second device for the lengths)")
+def test_chamfer_distance_lengths_on_another_device():
+    x, y = torch.rand(2, 5, 3), torch.rand(2, 4, 3)
+    assert_clear_error(lambda: pointops.chamfer_distance(x, y, torch.tensor([5, 5], device="cuda")), "x_lengths")
