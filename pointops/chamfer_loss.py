@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .chamfer import _valid_mask, chamfer, nearest_neighbor
+from .chamfer import _checking_values, _valid_mask, chamfer, nearest_neighbor
 
 __all__ = ["chamfer_distance", "ChamferLoss"]
 
@@ -22,13 +22,8 @@ _BATCH_REDUCTIONS = ("mean", "sum")
 
 
 # ---------------------------------------------------------------- argument checks (PyTorch3D's)
-def _checking_values() -> bool:
-    """Value checks (length bounds, negative weights) read tensor contents: one host sync each, and
-    a graph break under torch.compile. Traced code skips them; the kernels still refuse a length
-    outside [0, P] (RuntimeError), so nothing reads past a cloud."""
-    return not torch.compiler.is_compiling()
-
-
+# Value checks (length bounds, negative weights) use chamfer._checking_values: skipped under
+# torch.compile, where the kernels still refuse a length outside [0, P] (RuntimeError).
 def _validate_reductions(batch_reduction, point_reduction) -> None:
     if batch_reduction is not None and batch_reduction not in _BATCH_REDUCTIONS:
         raise ValueError(f'batch_reduction must be one of ["mean", "sum"] or None, got {batch_reduction!r}')
@@ -56,9 +51,9 @@ def _unpack_cloud(points, lengths: Optional[Tensor], normals: Optional[Tensor], 
     """(padded points, lengths or None, normals or None), as PyTorch3D's _handle_pointcloud_input.
     A ``Pointclouds`` object supplies its own lengths and normals (the arguments are ignored, as in
     PyTorch3D). ``lengths`` None means every cloud is full: the kernels then need no lengths."""
-    if _is_pointclouds(points):
-        return points.points_padded(), points.num_points_per_cloud(), points.normals_padded()
     if not torch.is_tensor(points):
+        if _is_pointclouds(points):
+            return points.points_padded(), points.num_points_per_cloud(), points.normals_padded()
         raise ValueError("The input pointclouds should be either Pointclouds objects or torch.Tensor of shape "
                          f"(minibatch, num_points, 3); {name} is a {type(points).__name__}")
     if points.ndim != 3:
@@ -166,29 +161,23 @@ def _reduce_points(terms: Tensor, lengths: Optional[Tensor], reduction: str) -> 
     the max over the valid points (0 for an empty cloud). An empty mean is 0, never 0/0."""
     if reduction == "max":
         return terms.amax(1) if terms.shape[1] > 0 else terms.sum(1)
-    if reduction == "mean" and lengths is None and terms.shape[1] > 0:
-        return terms.mean(1)  # the common case in one op: host time matters at small sizes
-    total = terms.sum(1)
-    if reduction == "sum":
-        return total
-    if lengths is None:
-        return total
-    return total / lengths.clamp(min=1).to(terms.dtype)
+    if reduction == "mean" and lengths is not None:
+        return terms.sum(1) / lengths.clamp(min=1).to(terms.dtype)
+    if reduction == "mean" and terms.shape[1] > 0:
+        return terms.mean(1)  # one op: host time matters at small sizes
+    return terms.sum(1)  # "sum", or the mean of an empty row: 0
 
 
 def _reduce_batch(loss: Tensor, weights: Optional[Tensor], reduction: Optional[str]) -> Tensor:
     if reduction is None:
         return loss
-    if reduction == "mean" and weights is None and loss.shape[0] > 0:
+    if reduction == "mean" and weights is not None:
+        weight_sum = weights.sum().to(loss.dtype)
+        # All-zero weights: every term is already 0; dividing by 1 keeps the zero and its gradient path.
+        return loss.sum() / torch.where(weight_sum > 0, weight_sum, torch.ones_like(weight_sum))
+    if reduction == "mean" and loss.shape[0] > 0:
         return loss.mean()
-    total = loss.sum()
-    if reduction == "sum":
-        return total
-    if weights is None:
-        return total  # an empty batch: 0
-    weight_sum = weights.sum().to(total.dtype)
-    # All-zero weights: every term is already 0; dividing by 1 keeps the zero and its gradient path.
-    return total / torch.where(weight_sum > 0, weight_sum, torch.ones_like(weight_sum))
+    return loss.sum()  # "sum", or the mean of an empty batch: 0
 
 
 # ---------------------------------------------------------------- public API
