@@ -29,8 +29,10 @@ naming both. float16 / bfloat16 compute in float32 and round once. matmul: float
 Determinism: reductions and matmul use no atomics and a work split that depends only on the shapes
 and strides, so the same input gives bitwise the same output on every run. On the CPU sums are formed
 in blocks of 1024 terms in the compute type (32 interleaved sums of 32), the block sums added in
-float64; on CUDA each thread sums in float64 and the threads' sums combine in fixed trees. Either
-way float32 sums of millions of terms stay within float32 rounding of the float64 sum.
+float64; on CUDA each thread adds runs of up to 8 terms pairwise in the compute type and the run
+sums in float64, and the threads' sums combine in fixed trees (the same terms in the same order
+whatever the input's memory alignment). Either way float32 sums of millions of terms stay within
+float32 rounding of the float64 sum.
 
 ``out=`` (map and zip): any strided tensor of the result's shape, dtype and device, written in place
 (no temporary) and returned. ``out=x`` (in place) works. Refused: an out whose elements share memory

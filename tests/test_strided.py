@@ -9,9 +9,10 @@ tolerances follow from the numerics:
 * float16 / bfloat16: computed in float32 and rounded once: unit roundoff 2^-11 / 2^-8, so 2e-3 /
   1e-2 relative.
 Reductions over n terms add the blocked-summation error (on the CPU blocks of 1024 in the compute
-type as 32 interleaved sums of 32 then a 5-level tree, block sums in float64; on CUDA float64 per
-thread): at worst (31 + 5) u = 2.1e-6 of the sum of magnitudes, in practice a few u (random rounding
-errors grow as a square root), hence 1e-6; matmul's float32 dot products of length k are within
+type as 32 interleaved sums of 32 then a 5-level tree, block sums in float64; on CUDA runs of up to
+8 terms summed pairwise in the compute type, at most 3 u, then float64 per thread): at worst
+(31 + 5) u = 2.1e-6 of the sum of magnitudes, in practice a few u (random rounding errors grow as a
+square root), hence 1e-6; matmul's float32 dot products of length k are within
 k u of the sum of |a||b|.
 """
 import builtins
@@ -106,6 +107,17 @@ def check_close(got, ref, dtype):
     assert tuple(got.shape) == tuple(ref.shape)
     torch.testing.assert_close(got.detach().cpu().double(), ref.detach().cpu().double(), rtol=RTOL[dtype],
                                atol=ATOL[dtype], equal_nan=True)
+
+
+def check_sum(got, x, dim):
+    """A float32 sum of x over dim within 1e-6 of the sum of magnitudes of the float64 sum (the
+    blocked-sum bound, module docstring): relative to the result it can be any size under
+    cancellation."""
+    xd = x.detach().cpu().double()
+    ref, scale = xd.sum(dim), xd.abs().sum(dim)
+    assert got.dtype == torch.float32 and tuple(got.shape) == tuple(ref.shape)
+    err = (got.detach().cpu().double() - ref).abs()
+    assert (err <= 1e-6 * scale + 1e-30).all(), err.max()
 
 
 # ------------------------------------------------------------------------------------ map / zip
@@ -580,12 +592,61 @@ def test_cuda_matches_cpu(layout):
             got, ref = strided.reduce(x.cuda(), dim, fn), strided.reduce(x.double(), dim, fn)
             if fn == "prod":  # float32 products of up to 15015 factors: ~sqrt(n) u, at worst n u
                 torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-4, atol=0)
+            elif fn == "sum":  # the blocked-sum bound: relative to the sum of magnitudes
+                check_sum(got, x, dim)
             else:
                 check_close(got, ref, torch.float32)
     m = make((7, 65, 40), layout, gen=g)
     ref = torch.matmul(a.double(), m.double())
     bound = 65 * 2**-24 * torch.matmul(a.double().abs(), m.double().abs())
     assert ((strided.matmul(a.cuda(), m.cuda()).double().cpu() - ref).abs() <= bound).all()
+
+
+@requires_cuda
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_cuda_matmul_whole_tiles(ta, tb):
+    # n, m multiples of 128 and k of 16 with 16-byte aligned rows: the float32 kernel without
+    # bounds checks, one variant per operand order; then the same values one element off 16-byte
+    # alignment (the checked kernel's element loads), which must give bitwise the same product
+    # (the same k order per element)
+    g = torch.Generator().manual_seed(21)
+
+    def operand(rows, cols, transposed, shift):
+        base = torch.randn(rows * cols + 1, generator=g).cuda()
+        t = base[shift:shift + rows * cols]
+        return t.view(cols, rows).t() if transposed else t.view(rows, cols)
+
+    for batch in (None, 3):
+        a, b = operand(256, 144, ta, 0), operand(144, 384, tb, 0)
+        if batch:
+            a, b = a.expand(batch, -1, -1), b.expand(batch, -1, -1)
+        ref = torch.matmul(a.double(), b.double())
+        got = strided.matmul(a, b)
+        bound = 144 * 2**-24 * torch.matmul(a.double().abs(), b.double().abs())
+        assert ((got.double() - ref).abs() <= bound).all()
+    a1 = operand(256, 144, ta, 1).copy_(a[0] if batch else a)
+    b1 = operand(144, 384, tb, 1).copy_(b[0] if batch else b)
+    assert a1.data_ptr() % 16 != 0 and torch.equal(a1, a[0])
+    assert torch.equal(strided.matmul(a1, b1), got[0])
+
+
+@requires_cuda
+def test_cuda_reductions_are_bitwise_repeatable_and_alignment_free():
+    # the same values give the same bits on every run, and at another 16-byte alignment (the
+    # vector and element paths add the same terms in the same order); shapes reach every kernel:
+    # warp rows, block rows with chunks, block-combined chunks, outer columns with and without
+    # vectors, with chunk partials
+    g = torch.Generator().manual_seed(22)
+    for shape, dim in [((300, 640), 1), ((3, 300_000), 1), ((1 << 21,), 0), ((10_000, 128), 0),
+                       ((10_000, 70), 0), ((64, 48, 40), (0, 2))]:
+        vals = torch.randn(*shape, generator=g)
+        x = vals.cuda()
+        buf = torch.empty(vals.numel() + 1, device="cuda")
+        x1 = buf[1:].view(shape).copy_(x)  # 4 bytes off the allocation's alignment
+        first = strided.reduce(x, dim)
+        assert torch.equal(strided.reduce(x, dim), first) and torch.equal(strided.reduce(x1, dim), first)
+        check_sum(first, vals, dim)
 
 
 @requires_cuda

@@ -1,19 +1,18 @@
-// Strided map / zip / reduce on CUDA. The entries (checks, allocation, the > kMaxDims fallback) are
-// shared with the CPU (strided_entries.h); this file holds the kernels and their launch choices.
+// Strided map / zip on CUDA. The entries (checks, allocation, the > kMaxDims fallback) are shared
+// with the CPU (strided_entries.h); this file holds the elementwise kernels and their launch
+// choices (reductions: strided_reduce_cuda.cu, matmul: strided_matmul_cuda.cu).
 //
-// Elementwise: one thread per element (grid-stride), offsets from the merged StridedLayout (int64
-// offsets; the index decomposition in 32 bits when the element count allows). When every operand's
-// innermost dim is unit-stride, its length a multiple of the vector width and every outer stride
-// and base pointer 16-byte aligned, the layout is rescaled to 16-byte vectors and each thread moves
-// 128 bits per operand.
-// Reductions (deterministic: the launch shape depends only on the problem's shape):
-//   inner (a reduced dim is the input's innermost): a warp per output for short reductions; a block
-//     per (output, chunk of kInnerChunk elements) for long ones, chunk partials combined in order by
-//     a second kernel;
-//   outer (a kept dim is innermost): a thread per output, adjacent threads reading adjacent
-//     columns (coalesced); the reduced range split into chunks of kOuterChunk across grid.y, the
-//     partials combined in chunk order.
-// Sums accumulate in float64 per thread and combine in fixed trees; other fns in the compute type.
+// Three kernels, picked from the merged StridedLayout (ordered by the output's strides):
+//   flat: the layout merged to one dim (contiguous operands, a 1-D stepped view, a scalar
+//     broadcast). Each thread moves kUnroll items, all loads issued before any compute; an item
+//     is a 16-byte vector when every operand is unit-stride and 16-byte aligned.
+//   tiled: an input is unit-stride along an outer dim while the output is unit-stride along the
+//     innermost one (a + b.t()). A kTile x kTile tile of that input is read along its own fast dim
+//     into shared memory and read back transposed, so both the reads and the writes are coalesced.
+//   general: one thread per element, offsets from the index decomposed over the merged dims (32-bit
+//     arithmetic while the element count allows), 16-byte vectors when every operand's innermost
+//     dim is unit-stride and aligned.
+// Offsets are int64 everywhere.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
@@ -28,9 +27,9 @@ namespace pointops {
 namespace strided {
 namespace {
 
-constexpr int64_t kInnerChunk = 1 << 16;  // reduced elements per block (long inner reductions)
-constexpr int64_t kWarpMax = 2048;        // inner reductions up to this length: a warp per output
-constexpr int64_t kOuterChunk = 4096;     // reduced elements per thread and chunk (outer reductions)
+constexpr int kUnroll = 4;      // items per thread in the flat kernel
+constexpr int kTile = 32;       // tiled kernel: kTile x kTile elements per tile,
+constexpr int kTileRows = 8;    // a kTile x kTileRows block, kTile / kTileRows rows per thread
 
 template <MapFn F>
 struct MapOp {
@@ -48,6 +47,54 @@ struct Inputs {
   const T* p[NIn];
 };
 
+template <typename T, int NIn, typename F>
+__device__ __forceinline__ T apply(const F& f, const at::opmath_type<T> (&x)[NIn]) {
+  if constexpr (NIn == 1) return static_cast<T>(f(x[0]));
+  else return static_cast<T>(f(x[0], x[1]));
+}
+
+// One merged dim: out[i * so] = f(in_k[i * s_k]) in units of V-element vectors. V > 1 (the vector
+// path) implies every stride is 1, which the index arithmetic then knows at compile time.
+template <typename T, int V, int NIn, typename F>
+__global__ void __launch_bounds__(kThreads)
+    elementwise_flat_kernel(T* __restrict__ out, const Inputs<T, NIn> in, const std::array<int64_t, NIn + 1> strides,
+                            const int64_t n, const F f) {
+  using A = at::opmath_type<T>;
+  using P = Pack<T, V>;
+  std::array<int64_t, NIn + 1> s = strides;
+  if constexpr (V > 1) {
+#pragma unroll
+    for (int op = 0; op <= NIn; ++op) s[op] = 1;
+  }
+  constexpr int64_t kStep = static_cast<int64_t>(kThreads) * kUnroll;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kStep; base < n; base += static_cast<int64_t>(gridDim.x) * kStep) {
+    P x[kUnroll][NIn];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * kThreads + threadIdx.x;
+      if (i < n) {
+#pragma unroll
+        for (int k = 0; k < NIn; ++k) x[u][k] = *reinterpret_cast<const P*>(in.p[k] + i * s[k + 1] * V);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * kThreads + threadIdx.x;
+      if (i < n) {
+        P r;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          A args[NIn];
+#pragma unroll
+          for (int k = 0; k < NIn; ++k) args[k] = static_cast<A>(x[u][k].v[j]);
+          r.v[j] = apply<T, NIn>(f, args);
+        }
+        *reinterpret_cast<P*>(out + i * s[0] * V) = r;
+      }
+    }
+  }
+}
+
 // out[i] = f(in_0[i], ...) over the layout (offsets in units of V elements).
 template <typename T, int V, typename I, int NIn, typename F>
 __global__ void __launch_bounds__(kThreads)
@@ -64,13 +111,68 @@ __global__ void __launch_bounds__(kThreads)
     P r;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      if constexpr (NIn == 1) {
-        r.v[j] = static_cast<T>(f(static_cast<A>(x[0].v[j])));
-      } else {
-        r.v[j] = static_cast<T>(f(static_cast<A>(x[0].v[j]), static_cast<A>(x[1].v[j])));
-      }
+      A args[NIn];
+#pragma unroll
+      for (int k = 0; k < NIn; ++k) args[k] = static_cast<A>(x[k].v[j]);
+      r.v[j] = apply<T, NIn>(f, args);
     }
     *reinterpret_cast<P*>(out + off[0] * V) = r;
+  }
+}
+
+// The layout's last two dims are (rows, cols); the output and the direct inputs step through cols
+// fastest, the inputs with tiled[k] through rows. The dims before are the batch. Tile t covers
+// rows [r0, r0 + kTile) x cols [c0, c0 + kTile) of batch entry b.
+template <typename T, int NIn, typename F>
+__global__ void __launch_bounds__(kTile * kTileRows)
+    elementwise_tiled_kernel(const StridedLayout<NIn + 1> L, T* __restrict__ out, const Inputs<T, NIn> in,
+                             const std::array<bool, NIn> tiled, const int64_t row_tiles, const int64_t col_tiles,
+                             const int64_t tiles, const F f) {
+  using A = at::opmath_type<T>;
+  constexpr int kPerThread = kTile / kTileRows;
+  __shared__ T tile[NIn][kTile][kTile + 1];  // [k][col][row]: +1 keeps the transposed reads off one bank
+  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
+  const int nd = L.ndim;
+  const int64_t rows = L.sizes[nd - 2], cols = L.sizes[nd - 1];
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t ct = t % col_tiles, rt = (t / col_tiles) % row_tiles, b = t / col_tiles / row_tiles;
+    int64_t off[NIn + 1];
+#pragma unroll
+    for (int op = 0; op <= NIn; ++op) off[op] = 0;
+    int64_t rest = b;
+    for (int d = nd - 3; d >= 0; --d) {
+      const int64_t idx = rest % L.sizes[d];
+      rest /= L.sizes[d];
+#pragma unroll
+      for (int op = 0; op <= NIn; ++op) off[op] += idx * L.strides[op][d];
+    }
+    const int64_t r0 = rt * kTile, c0 = ct * kTile;
+    T direct[NIn][kPerThread];
+#pragma unroll
+    for (int k = 0; k < NIn; ++k) {
+      const int64_t sr = L.strides[k + 1][nd - 2], sc = L.strides[k + 1][nd - 1];
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const int y = ty + j * kTileRows;
+        if (tiled[k]) {  // thread tx walks rows: this input's unit-stride dim
+          if (r0 + tx < rows && c0 + y < cols) tile[k][y][tx] = in.p[k][off[k + 1] + (r0 + tx) * sr + (c0 + y) * sc];
+        } else if (r0 + y < rows && c0 + tx < cols) {
+          direct[k][j] = in.p[k][off[k + 1] + (r0 + y) * sr + (c0 + tx) * sc];
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int y = ty + j * kTileRows;
+      if (r0 + y < rows && c0 + tx < cols) {
+        A args[NIn];
+#pragma unroll
+        for (int k = 0; k < NIn; ++k) args[k] = static_cast<A>(tiled[k] ? tile[k][tx][y] : direct[k][j]);
+        out[off[0] + (r0 + y) * L.strides[0][nd - 2] + (c0 + tx) * L.strides[0][nd - 1]] = apply<T, NIn>(f, args);
+      }
+    }
+    __syncthreads();  // the next tile overwrites the shared memory
   }
 }
 
@@ -91,6 +193,32 @@ bool vectorize(StridedLayout<NOps>& L, const void* const (&ptrs)[NOps], int V) {
   return true;
 }
 
+// The tiled kernel's layout: a dim `t` along which some input is unit-stride, moved next to the
+// innermost; tiled[k] for the inputs read through shared memory. False when no input needs it
+// (the output is not unit-stride innermost, or every input already is, or the dims are short).
+template <int NOps>
+bool plan_tiles(const StridedLayout<NOps>& L, StridedLayout<NOps>& T, std::array<bool, NOps - 1>& tiled) {
+  const int inner = L.ndim - 1;
+  if (L.ndim < 2 || L.strides[0][inner] != 1 || L.sizes[inner] < kTile / 2) return false;
+  int t = -1;
+  for (int k = 1; k < NOps && t < 0; ++k) {
+    if (std::abs(L.strides[k][inner]) <= 1) continue;  // unit-stride or broadcast along cols already
+    for (int d = 0; d < inner; ++d)
+      if (std::abs(L.strides[k][d]) == 1 && L.sizes[d] >= kTile / 2) t = d;
+  }
+  if (t < 0) return false;
+  T = L;
+  for (int d = t; d < inner - 1; ++d) {  // dims t+1 .. inner-1 shift out, t lands at inner - 1
+    T.sizes[d] = L.sizes[d + 1];
+    for (int op = 0; op < NOps; ++op) T.strides[op][d] = L.strides[op][d + 1];
+  }
+  T.sizes[inner - 1] = L.sizes[t];
+  for (int op = 0; op < NOps; ++op) T.strides[op][inner - 1] = L.strides[op][t];
+  for (int k = 1; k < NOps; ++k)
+    tiled[k - 1] = std::abs(T.strides[k][inner - 1]) == 1 && std::abs(T.strides[k][inner]) > 1;
+  return true;
+}
+
 template <typename T, int NIn, typename F>
 void launch_elementwise(const at::Tensor& out, const std::array<const at::Tensor*, NIn>& in, const F& f) {
   constexpr int NOps = NIn + 1;
@@ -107,12 +235,40 @@ void launch_elementwise(const at::Tensor& out, const std::array<const at::Tensor
     raw[k + 1] = ptrs.p[k];
   }
   constexpr int kVec = 16 / sizeof(T);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  T* o = out.data_ptr<T>();
+  const int64_t grid_cap = static_cast<int64_t>(multiprocessor_count()) * 32;
   StridedLayout<NOps> LV = L;
   const bool vec = vectorize<NOps>(LV, raw, kVec);
+
+  if (L.ndim == 1) {
+    const StridedLayout<NOps>& F1 = vec ? LV : L;
+    std::array<int64_t, NOps> s{};
+    for (int op = 0; op < NOps; ++op) s[op] = F1.strides[op][0];
+    const int64_t n = F1.sizes[0];
+    // a block per kThreads * kUnroll items (no grid-stride rounds: no uneven last round)
+    const auto grid = static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(n, kThreads * kUnroll), INT32_MAX));
+    if (vec) elementwise_flat_kernel<T, kVec, NIn><<<grid, kThreads, 0, stream>>>(o, ptrs, s, n, f);
+    else elementwise_flat_kernel<T, 1, NIn><<<grid, kThreads, 0, stream>>>(o, ptrs, s, n, f);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+
+  StridedLayout<NOps> LT;
+  std::array<bool, NIn> tiled{};
+  if (!vec && plan_tiles<NOps>(L, LT, tiled)) {
+    const int64_t row_tiles = ceil_div<int64_t>(LT.sizes[LT.ndim - 2], kTile);
+    const int64_t col_tiles = ceil_div<int64_t>(LT.sizes[LT.ndim - 1], kTile);
+    const int64_t tiles = LT.numel() / LT.sizes[LT.ndim - 2] / LT.sizes[LT.ndim - 1] * row_tiles * col_tiles;
+    const auto grid = static_cast<unsigned>(std::min(tiles, grid_cap));
+    elementwise_tiled_kernel<T, NIn><<<grid, kTile * kTileRows, 0, stream>>>(LT, o, ptrs, tiled, row_tiles,
+                                                                             col_tiles, tiles, f);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+
   const int64_t n = vec ? LV.numel() : L.numel();
-  const auto stream = c10::cuda::getCurrentCUDAStream();
   const unsigned grid = grid_for(n, kThreads);
-  T* o = out.data_ptr<T>();
   // 32-bit index arithmetic while n + the grid's stride fits
   const bool small = n + static_cast<int64_t>(grid) * kThreads < (int64_t{1} << 31);
   if (vec) {
@@ -163,178 +319,6 @@ void zip_into_cuda(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
                                   [&] { zip_typed<scalar_t>(out, a, b, fn); });
 }
 
-// ------------------------------------------------------------------------------------ reductions
-template <ReduceFn F, typename A>
-struct DeviceReducer {
-  using Total = std::conditional_t<F == ReduceFn::Sum, double, A>;
-  __device__ static Total identity() {
-    if constexpr (F == ReduceFn::Sum) return Total(0);
-    if constexpr (F == ReduceFn::Prod) return Total(1);
-    if constexpr (F == ReduceFn::Max) return -INFINITY;
-    if constexpr (F == ReduceFn::Min) return INFINITY;
-  }
-  __device__ static Total combine(Total a, Total b) {
-    if constexpr (F == ReduceFn::Sum) return a + b;
-    if constexpr (F == ReduceFn::Prod) return a * b;
-    if constexpr (F == ReduceFn::Max) return (a != a || a > b) ? a : b;  // NaN propagates
-    if constexpr (F == ReduceFn::Min) return (a != a || a < b) ? a : b;
-  }
-};
-
-template <typename Total>
-__device__ __forceinline__ Total shuffle_down(Total v, int delta) {
-  return __shfl_down_sync(0xffffffffu, v, delta);
-}
-
-template <ReduceFn F, typename Total>
-__device__ __forceinline__ Total warp_combine(Total v) {
-#pragma unroll
-  for (int w = 16; w >= 1; w /= 2) v = DeviceReducer<F, Total>::combine(v, shuffle_down(v, w));
-  return v;
-}
-
-// Inner reductions, short: warp w of the grid reduces output w.
-template <ReduceFn F, typename T>
-__global__ void __launch_bounds__(kThreads)
-    reduce_inner_warp(const StridedLayout<2> kept, const StridedLayout<1> red, T* __restrict__ out,
-                      const T* __restrict__ x, int64_t outputs, int64_t count) {
-  using A = at::opmath_type<T>;
-  using R = DeviceReducer<F, A>;
-  const int64_t o = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (o >= outputs) return;  // whole warps leave together
-  int64_t ko[2];
-  offsets_of<int64_t>(kept, o, ko);
-  typename R::Total acc = R::identity();
-  for (int64_t r = lane; r < count; r += 32) {
-    int64_t ro[1];
-    offsets_of<int64_t>(red, r, ro);
-    acc = R::combine(acc, static_cast<typename R::Total>(static_cast<A>(x[ko[1] + ro[0]])));
-  }
-  acc = warp_combine<F>(acc);
-  if (lane == 0) out[ko[0]] = static_cast<T>(acc);
-}
-
-// Inner reductions, long: block (o, c) reduces chunk c of output o into partial[o * chunks + c].
-template <ReduceFn F, typename T>
-__global__ void __launch_bounds__(kThreads)
-    reduce_inner_block(const StridedLayout<2> kept, const StridedLayout<1> red, const T* __restrict__ x,
-                       typename DeviceReducer<F, at::opmath_type<T>>::Total* __restrict__ partial, int64_t count,
-                       int64_t chunks) {
-  using A = at::opmath_type<T>;
-  using R = DeviceReducer<F, A>;
-  using Total = typename R::Total;
-  const int64_t o = blockIdx.x / chunks, c = blockIdx.x % chunks;
-  int64_t ko[2];
-  offsets_of<int64_t>(kept, o, ko);
-  const int64_t end = std::min(count, (c + 1) * kInnerChunk);
-  Total acc = R::identity();
-  for (int64_t r = c * kInnerChunk + threadIdx.x; r < end; r += kThreads) {
-    int64_t ro[1];
-    offsets_of<int64_t>(red, r, ro);
-    acc = R::combine(acc, static_cast<Total>(static_cast<A>(x[ko[1] + ro[0]])));
-  }
-  __shared__ Total warps[kThreads / 32];
-  acc = warp_combine<F>(acc);
-  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    acc = threadIdx.x < kThreads / 32 ? warps[threadIdx.x] : R::identity();
-    acc = warp_combine<F>(acc);
-    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
-  }
-}
-
-// Outer reductions: thread (o, chunk) reduces chunk blockIdx.y of output o.
-template <ReduceFn F, typename T>
-__global__ void __launch_bounds__(kThreads)
-    reduce_outer(const StridedLayout<2> kept, const StridedLayout<1> red, T* __restrict__ out, const T* __restrict__ x,
-                 typename DeviceReducer<F, at::opmath_type<T>>::Total* __restrict__ partial, int64_t outputs,
-                 int64_t count) {
-  using A = at::opmath_type<T>;
-  using R = DeviceReducer<F, A>;
-  using Total = typename R::Total;
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (o >= outputs) return;
-  int64_t ko[2];
-  offsets_of<int64_t>(kept, o, ko);
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * kOuterChunk, end = std::min(count, begin + kOuterChunk);
-  Total acc = R::identity();
-  for (int64_t r = begin; r < end; ++r) {
-    int64_t ro[1];
-    offsets_of<int64_t>(red, r, ro);
-    acc = R::combine(acc, static_cast<Total>(static_cast<A>(x[ko[1] + ro[0]])));
-  }
-  if (gridDim.y == 1) out[ko[0]] = static_cast<T>(acc);
-  else partial[o * gridDim.y + blockIdx.y] = acc;
-}
-
-// partial[o * chunks + c] combined in chunk order into out.
-template <ReduceFn F, typename T>
-__global__ void __launch_bounds__(kThreads)
-    combine_partials(const StridedLayout<2> kept, T* __restrict__ out,
-                     const typename DeviceReducer<F, at::opmath_type<T>>::Total* __restrict__ partial, int64_t outputs,
-                     int64_t chunks) {
-  using R = DeviceReducer<F, at::opmath_type<T>>;
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (o >= outputs) return;
-  int64_t ko[2];
-  offsets_of<int64_t>(kept, o, ko);
-  auto acc = partial[o * chunks];
-  for (int64_t c = 1; c < chunks; ++c) acc = R::combine(acc, partial[o * chunks + c]);
-  out[ko[0]] = static_cast<T>(acc);
-}
-
-template <ReduceFn F, typename T>
-void reduce_typed(const at::Tensor& res, const at::Tensor& x, const ReducePlan& P, bool outer) {
-  using Total = typename DeviceReducer<F, at::opmath_type<T>>::Total;
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t outputs = P.kept.numel(), count = P.reduced.numel();
-  T* o = res.data_ptr<T>();
-  const T* in = x.const_data_ptr<T>();
-  const auto total_type = sizeof(Total) == 8 ? at::kDouble : at::kFloat;
-  const auto blocks = [](int64_t n) { return static_cast<unsigned>(ceil_div<int64_t>(n, kThreads)); };
-  if (outer) {
-    const int64_t chunks = ceil_div(count, kOuterChunk);
-    TORCH_CHECK(chunks < 65536, "reduce: ", count, " reduced elements per output exceed the CUDA outer-reduction limit");
-    at::Tensor partial = chunks > 1 ? at::empty({outputs * chunks}, x.options().dtype(total_type)) : at::Tensor();
-    Total* pp = chunks > 1 ? static_cast<Total*>(partial.data_ptr()) : nullptr;
-    reduce_outer<F, T><<<dim3(blocks(outputs), static_cast<unsigned>(chunks)), kThreads, 0, stream>>>(
-        P.kept, P.reduced, o, in, pp, outputs, count);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (chunks > 1) {
-      combine_partials<F, T><<<blocks(outputs), kThreads, 0, stream>>>(P.kept, o, pp, outputs, chunks);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-  } else if (count <= kWarpMax) {
-    reduce_inner_warp<F, T><<<blocks(outputs * 32), kThreads, 0, stream>>>(P.kept, P.reduced, o, in, outputs, count);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  } else {
-    const int64_t chunks = ceil_div(count, kInnerChunk);
-    TORCH_CHECK(outputs * chunks < (int64_t{1} << 31), "reduce: too many blocks for the CUDA inner reduction");
-    at::Tensor partial = at::empty({outputs * chunks}, x.options().dtype(total_type));
-    Total* pp = static_cast<Total*>(partial.data_ptr());
-    reduce_inner_block<F, T><<<static_cast<unsigned>(outputs * chunks), kThreads, 0, stream>>>(P.kept, P.reduced, in,
-                                                                                               pp, count, chunks);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    combine_partials<F, T><<<blocks(outputs), kThreads, 0, stream>>>(P.kept, o, pp, outputs, chunks);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-}
-
-void reduce_into_cuda(const at::Tensor& res, const at::Tensor& x, const ReducePlan& P, ReduceFn fn) {
-  const c10::cuda::CUDAGuard guard(res.device());
-  const bool outer = reduce_is_outer(P);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "strided_reduce_cuda", [&] {
-    switch (fn) {
-      case ReduceFn::Sum: reduce_typed<ReduceFn::Sum, scalar_t>(res, x, P, outer); break;
-      case ReduceFn::Prod: reduce_typed<ReduceFn::Prod, scalar_t>(res, x, P, outer); break;
-      case ReduceFn::Max: reduce_typed<ReduceFn::Max, scalar_t>(res, x, P, outer); break;
-      case ReduceFn::Min: reduce_typed<ReduceFn::Min, scalar_t>(res, x, P, outer); break;
-    }
-  });
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pointops, CUDA, m) {
@@ -342,7 +326,6 @@ TORCH_LIBRARY_IMPL(pointops, CUDA, m) {
   m.impl("strided_map_out", &map_out_entry<map_into_cuda>);
   m.impl("strided_zip", &zip_entry<zip_into_cuda>);
   m.impl("strided_zip_out", &zip_out_entry<zip_into_cuda>);
-  m.impl("strided_reduce", &reduce_entry<reduce_into_cuda>);
 }
 
 }  // namespace strided
