@@ -6,6 +6,7 @@ Exits non-zero if any output is wrong, so a sanitizer run also checks results.
 import torch
 
 import pointops
+from pointops import strided
 
 
 def chamfer_cases():
@@ -100,8 +101,50 @@ def particle_sum_cases():
     print("particle_sum cases ok")
 
 
+def _close(got, ref, rtol):
+    got, ref = got.double().cpu(), ref.double().cpu()
+    scale = ref.abs().max().clamp(min=1e-30)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    err = ((got - ref).abs().max() / scale).item() if got.numel() else 0.0
+    assert err <= rtol, err
+
+
+def strided_cases():
+    torch.manual_seed(0)
+    for dtype, rtol in ((torch.float32, 1e-5), (torch.float64, 1e-12), (torch.float16, 2e-3), (torch.bfloat16, 1e-2)):
+        x = torch.randn(37, 130, dtype=dtype)
+        views = [x, x.t(), x[1::2, 3::3], x[:, :128], torch.randn(1, 130, dtype=dtype).expand(37, 130)]
+        for v in views:
+            for fn in ("exp", "relu", "neg"):
+                _close(strided.map(v.cuda(), fn), strided.map(v, fn), rtol)
+            _close(strided.zip(v.cuda(), v[0].cuda(), "add"), strided.zip(v, v[0], "add"), rtol)
+            for dim in (0, 1, None, (0, 1)):
+                for fn in ("sum", "max"):
+                    _close(strided.reduce(v.cuda(), dim, fn), strided.reduce(v.double(), dim, fn), rtol)
+        long_row = (torch.rand(3, 300_000) / 300_000).to(dtype)  # sums ~0.5: finite in float16 too
+        _close(strided.reduce(long_row.cuda(), 1), strided.reduce(long_row.double(), 1), rtol)
+        for cols in (70, 128):  # outer reductions in chunks, element and vector columns
+            long_col = torch.rand(10_000, cols, dtype=dtype)
+            _close(strided.reduce(long_col.cuda(), 0), strided.reduce(long_col.double(), 0), rtol)
+        flat = torch.rand(1 << 21, dtype=dtype) / (1 << 21)  # inner chunks combined by a block
+        _close(strided.reduce(flat.cuda(), None), strided.reduce(flat.double(), None), rtol)
+        for sa, sb in (((33, 71), (71, 65)), ((2, 1, 130, 260), (3, 260, 129)), ((5, 0), (0, 4)),
+                       ((256, 144), (144, 384))):  # the last: whole tiles (float32 unchecked kernels)
+            a, b = torch.randn(sa, dtype=dtype), torch.randn(sb, dtype=dtype)
+            for ta, tb in ((a, b), (a.mT.contiguous().mT, b.mT.contiguous().mT)):
+                ref = torch.matmul(ta.double(), tb.double())
+                _close(strided.matmul(ta.cuda(), tb.cuda()), ref, max(rtol, 1e-5) * 10)
+    out = torch.empty(130, 37, device="cuda").t()  # tiled: the input is unit-stride along out's rows
+    strided.map(torch.randn(37, 130, device="cuda"), "tanh", out=out)
+    y = torch.randn(300, 200, device="cuda")
+    _close(strided.zip(y, y.t().contiguous().t(), "add"), y.double() * 2, 1e-6)  # tiled zip, partial tiles
+    torch.cuda.synchronize()
+    print("strided cases ok")
+
+
 if __name__ == "__main__":
     chamfer_cases()
     voxelize_cases()
     particle_sum_cases()
+    strided_cases()
     torch.cuda.synchronize()

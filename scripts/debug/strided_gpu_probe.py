@@ -4,9 +4,9 @@ JIT-builds only csrc/pointops.cpp (the schemas) and csrc/strided/* as the pointo
 other families' ops then have no kernels), then:
 
     python scripts/debug/strided_gpu_probe.py test [pytest args]   # tests/test_strided.py
-    python scripts/debug/strided_gpu_probe.py cases                # every CUDA kernel once, checked
+    python scripts/debug/strided_gpu_probe.py cases                # scripts/sanitize_cases.py strided_cases()
     compute-sanitizer --tool racecheck python scripts/debug/strided_gpu_probe.py cases
-    python scripts/debug/strided_gpu_probe.py bench                # benchmarks/bench_strided.py, CUDA rows
+    python scripts/debug/strided_gpu_probe.py bench [parts]        # benchmarks/bench_strided.py, CUDA rows
 
 The full build (`scripts/gpu_check.sh`) remains the real check.
 """
@@ -32,42 +32,6 @@ _sources.source_files = lambda with_cuda, root=_sources.CSRC: [
 import torch  # noqa: E402
 
 import pointops  # noqa: E402
-from pointops import strided  # noqa: E402
-
-
-def close(got, ref, rtol):
-    got, ref = got.double().cpu(), ref.double().cpu()
-    scale = ref.abs().max().clamp(min=1e-30)
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    err = ((got - ref).abs().max() / scale).item() if got.numel() else 0.0
-    assert err <= rtol, err
-
-
-def cases():
-    torch.manual_seed(0)
-    for dtype, rtol in ((torch.float32, 1e-5), (torch.float64, 1e-12), (torch.float16, 2e-3), (torch.bfloat16, 1e-2)):
-        x = torch.randn(37, 130, dtype=dtype)
-        views = [x, x.t(), x[1::2, 3::3], x[:, :128], torch.randn(1, 130, dtype=dtype).expand(37, 130)]
-        for v in views:
-            for fn in ("exp", "relu", "neg"):
-                close(strided.map(v.cuda(), fn), strided.map(v, fn), rtol)
-            close(strided.zip(v.cuda(), v[0].cuda(), "add"), strided.zip(v, v[0], "add"), rtol)
-            for dim in (0, 1, None, (0, 1)):
-                for fn in ("sum", "max"):
-                    close(strided.reduce(v.cuda(), dim, fn), strided.reduce(v.double(), dim, fn), rtol)
-        long_row = (torch.rand(3, 300_000) / 300_000).to(dtype)  # sums ~0.5: finite in float16 too
-        close(strided.reduce(long_row.cuda(), 1), strided.reduce(long_row.double(), 1), rtol)
-        long_col = torch.rand(10_000, 70, dtype=dtype)
-        close(strided.reduce(long_col.cuda(), 0), strided.reduce(long_col.double(), 0), rtol)
-        for sa, sb in (((33, 71), (71, 65)), ((2, 1, 130, 260), (3, 260, 129)), ((5, 0), (0, 4))):
-            a, b = torch.randn(sa, dtype=dtype), torch.randn(sb, dtype=dtype)
-            for ta, tb in ((a, b), (a.mT.contiguous().mT, b.mT.contiguous().mT)):
-                ref = torch.matmul(ta.double(), tb.double())
-                close(strided.matmul(ta.cuda(), tb.cuda()), ref, max(rtol, 1e-5) * 10)
-    out = torch.empty(130, 37, device="cuda").t()
-    strided.map(torch.randn(37, 130, device="cuda"), "tanh", out=out)
-    torch.cuda.synchronize()
-    print("strided cases ok")
 
 
 def main():
@@ -78,11 +42,15 @@ def main():
 
         sys.exit(pytest.main([str(ROOT / "tests" / "test_strided.py"), "-p", "no:cacheprovider"] + sys.argv[2:]))
     elif mode == "cases":
-        cases()
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from sanitize_cases import strided_cases
+
+        strided_cases()
     elif mode == "bench":
         import bench_strided
 
-        print(bench_strided.run(quick=False, devices=["cuda"]))
+        parts = tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else bench_strided.PARTS
+        print(bench_strided.run(quick=False, devices=["cuda"], parts=parts))
 
 
 if __name__ == "__main__":
