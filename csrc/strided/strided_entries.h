@@ -120,6 +120,7 @@ at::Tensor reduce_entry(const at::Tensor& x_in, at::OptionalIntArrayRef dim, c10
   at::Tensor result = at::empty(reduce_output_shape(x_in, dims, keepdim), x_in.options());
   at::Tensor res = keepdim ? result.view(reduce_output_shape(x_in, dims, false)) : result;
   if (res.numel() == 0) return result;
+  if (count == 0) return result.fill_(fn == ReduceFn::Prod ? 1 : 0);  // the empty sum / product
   at::Tensor x = x_in;
   ReducePlan P;
   if (!plan_reduce(x, dims, res, P)) {
