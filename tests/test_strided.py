@@ -21,9 +21,8 @@ import math
 import pytest
 import torch
 
-import pointops
 from pointops import strided
-from conftest import DEVICES, HAS_CUDA, requires_cuda
+from conftest import DEVICES, requires_cuda
 
 RTOL = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 ATOL = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2}
@@ -311,15 +310,17 @@ def test_reduce_dtypes_and_paths(device, dtype, fn):
         assert (err <= rtol * scale.cpu() + 1e-30).all(), (shape, dim, err.max())
 
 
-def test_reduce_zero_dim_and_empty():
-    x = torch.tensor(3.0)
+@pytest.mark.parametrize("device", DEVICES)
+def test_reduce_zero_dim_and_empty(device):
+    x = torch.tensor(3.0, device=device)
     for fn in strided.REDUCE_FNS:
         assert strided.reduce(x, None, fn).item() == 3.0
         assert strided.reduce(x, 0, fn).shape == () and strided.reduce(x, -1, fn, keepdim=True).shape == ()
-    e = torch.empty(3, 0, 4)
+    e = torch.empty(3, 0, 4, device=device)  # non-empty results over zero reduced elements
     check_close(strided.reduce(e, 1), torch.zeros(3, 4, dtype=torch.float64), torch.float32)
     check_close(strided.reduce(e, (1, 2), "prod", keepdim=True), torch.ones(3, 1, 1, dtype=torch.float64),
                 torch.float32)
+    check_close(strided.reduce(e.transpose(1, 2), 2), torch.zeros(3, 4, dtype=torch.float64), torch.float32)
     assert strided.reduce(e, 0, "max").shape == (0, 4)
     assert strided.reduce(e, None).item() == 0.0
     with pytest.raises(RuntimeError, match=r"over zero elements"):
@@ -373,21 +374,23 @@ def test_reduce_errors():
 
 
 # ------------------------------------------------------------------------------------ matmul
-MATMUL_LAYOUTS = ["contiguous", "transposed", "stepped", "permuted", "expanded"]
+def check_matmul(got, a, b, unit=2**-24, rounding=0.0):
+    """got against the float64 product of a and b (on a's device): within k unit + rounding (the
+    one output rounding of the half types) of the sum of |a||b|, per element."""
+    ref = torch.matmul(a.double(), b.double()).cpu()
+    scale = torch.matmul(a.double().abs(), b.double().abs()).cpu()
+    assert got.shape == ref.shape
+    assert ((got.double().cpu() - ref).abs() <= (a.shape[-1] * unit + rounding) * scale).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("la", MATMUL_LAYOUTS)
-@pytest.mark.parametrize("lb", MATMUL_LAYOUTS)
+@pytest.mark.parametrize("la", LAYOUTS)
+@pytest.mark.parametrize("lb", LAYOUTS)
 def test_matmul_layouts(device, la, lb):
     g = torch.Generator().manual_seed(10)
     a = make((2, 33, 71), la, device=device, gen=g)
     b = make((2, 71, 65), lb, device=device, gen=g)
-    ref = torch.matmul(a.double(), b.double())
-    got = strided.matmul(a, b)
-    # k u times the sum of |a||b| per element
-    bound = 71 * 2**-24 * torch.matmul(a.double().abs(), b.double().abs())
-    assert got.shape == ref.shape and ((got.double() - ref).abs() <= bound).all()
+    check_matmul(strided.matmul(a, b), a, b)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -397,14 +400,11 @@ def test_matmul_dtypes_and_broadcast(device, dtype):
     for sa, sb in [((33, 71), (71, 65)), ((2, 1, 5, 7), (3, 7, 4)), ((1, 130, 260), (4, 260, 300)),
                    ((5, 3), (2, 4, 3, 1))]:
         a, b = make(sa, "stepped", dtype, device, g), make(sb, "transposed", dtype, device, g)
-        ref = torch.matmul(a.double(), b.double())
         got = strided.matmul(a, b)
-        assert got.dtype == dtype and got.shape == ref.shape
-        k = sa[-1]
-        scale = torch.matmul(a.double().abs(), b.double().abs())
+        assert got.dtype == dtype
         unit = {torch.float64: 2**-53, torch.float32: 2**-24, torch.float16: 2**-24, torch.bfloat16: 2**-24}[dtype]
         rounding = {torch.float16: 2**-11, torch.bfloat16: 2**-8}.get(dtype, 0)  # the one output rounding
-        assert ((got.double().cpu() - ref.cpu()).abs() <= (k * unit + rounding) * scale.cpu()).all()
+        check_matmul(got, a, b, unit, rounding)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -597,9 +597,7 @@ def test_cuda_matches_cpu(layout):
             else:
                 check_close(got, ref, torch.float32)
     m = make((7, 65, 40), layout, gen=g)
-    ref = torch.matmul(a.double(), m.double())
-    bound = 65 * 2**-24 * torch.matmul(a.double().abs(), m.double().abs())
-    assert ((strided.matmul(a.cuda(), m.cuda()).double().cpu() - ref).abs() <= bound).all()
+    check_matmul(strided.matmul(a.cuda(), m.cuda()), a, m)
 
 
 @requires_cuda
@@ -621,12 +619,10 @@ def test_cuda_matmul_whole_tiles(ta, tb):
         a, b = operand(256, 144, ta, 0), operand(144, 384, tb, 0)
         if batch:
             a, b = a.expand(batch, -1, -1), b.expand(batch, -1, -1)
-        ref = torch.matmul(a.double(), b.double())
         got = strided.matmul(a, b)
-        bound = 144 * 2**-24 * torch.matmul(a.double().abs(), b.double().abs())
-        assert ((got.double() - ref).abs() <= bound).all()
-    a1 = operand(256, 144, ta, 1).copy_(a[0] if batch else a)
-    b1 = operand(144, 384, tb, 1).copy_(b[0] if batch else b)
+        check_matmul(got, a, b)
+    a1 = operand(256, 144, ta, 1).copy_(a[0])  # a, b, got: the batched ones
+    b1 = operand(144, 384, tb, 1).copy_(b[0])
     assert a1.data_ptr() % 16 != 0 and torch.equal(a1, a[0])
     assert torch.equal(strided.matmul(a1, b1), got[0])
 
