@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import pointops
-from conftest import DEVICES, HAS_CUDA, requires_cuda
+from conftest import DEVICES, HAS_CUDA, DeterministicAlgorithms, requires_cuda
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 # Unit roundoff of each dtype. Distances are computed from the exact input values in float32
@@ -337,7 +337,7 @@ def test_backward_is_deterministic_under_deterministic_mode(device):
     x.requires_grad_()
     y.requires_grad_()
     grads = []
-    with DeterministicMode():
+    with DeterministicAlgorithms():
         for _ in range(2):
             x.grad = y.grad = None
             pointops.chamfer_distance(x, y)[0].backward()
@@ -346,15 +346,6 @@ def test_backward_is_deterministic_under_deterministic_mode(device):
     x.grad = y.grad = None
     pointops.chamfer_distance(x, y)[0].backward()  # the default (atomics on CUDA) path agrees to rounding
     torch.testing.assert_close(y.grad, grads[0][1], rtol=1e-4, atol=1e-7)
-
-
-class DeterministicMode:
-    def __enter__(self):
-        self.previous = torch.are_deterministic_algorithms_enabled()
-        torch.use_deterministic_algorithms(True)
-
-    def __exit__(self, *exc):
-        torch.use_deterministic_algorithms(self.previous)
 
 
 # ---------------------------------------------------------------- fscore

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import pointops
-from conftest import DEVICES
+from conftest import DEVICES, DeterministicAlgorithms
 
 gradgradcheck = torch.autograd.gradgradcheck
 
@@ -20,10 +20,8 @@ def deterministic():
     """gradgradcheck runs each backward twice and wants bitwise equal results: on CUDA the
     reference cloud's gradient is scattered with float atomics unless deterministic algorithms are
     on (then a sort-based gather; the CPU always gathers)."""
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(previous)
+    with DeterministicAlgorithms():
+        yield
 
 
 def random(*shape, device, seed, scale=1.0):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import pointops
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, DeterministicAlgorithms
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2,
                                 reason="needs a CUDA build of pointops and at least 2 CUDA GPUs")
@@ -35,19 +35,6 @@ def same_gpu_model():
     a, b = (torch.cuda.get_device_properties(d) for d in (CUDA0, CUDA1))
     if (a.name, a.major, a.minor, a.multi_processor_count) != (b.name, b.major, b.minor, b.multi_processor_count):
         pytest.skip(f"bitwise comparisons need two GPUs of one model, got {a.name} and {b.name}")
-
-
-class DeterministicAlgorithms:
-    def __init__(self, enabled):
-        self.enabled = enabled
-
-    def __enter__(self):
-        self.previous = torch.are_deterministic_algorithms_enabled()
-        self.previous_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-        torch.use_deterministic_algorithms(self.enabled)
-
-    def __exit__(self, *exc):
-        torch.use_deterministic_algorithms(self.previous, warn_only=self.previous_warn_only)
 
 
 def tensors_of(result):
