@@ -55,8 +55,7 @@ def time_pair(ours, theirs, repeat, cuda):
 
 
 def check(got, ref, what, rtol=1e-5):
-    """Elementwise: against torch, relative to the largest value. Reductions (`ref` a float64 sum
-    or max, `scale` the float64 sum of magnitudes): within rtol of the scale."""
+    """Elementwise ops against torch, relative to the largest value."""
     err = ((got.double() - ref.double()).abs().max() / ref.double().abs().max().clamp(min=1e-30)).item()
     if not err <= rtol:
         raise AssertionError(f"{what}: pointops differs from torch by {err:.3g} (relative to the max), > {rtol}")
@@ -73,7 +72,9 @@ def check_reduction(got, x, dim, fn, what, rtol=1e-6):
 
 def bandwidth(nbytes, t_ours, t_torch, repeat):
     """'pointops TB/s (torch ..., copy ...), the fraction of the copy': the copy is torch's
-    device-to-device clone of nbytes / 2 bytes (it reads and writes nbytes), timed like the ops."""
+    device-to-device clone of nbytes / 2 bytes (it reads and writes nbytes), timed like the ops
+    and next to each row (the same byte counts recur, but a copy timed beside the row follows the
+    GPU's clock and temperature as the row does)."""
     buf = torch.empty(nbytes // 8, device="cuda")
     t_copy = time_ms(lambda: [buf.clone() for _ in range(CALLS)], repeat=repeat, cuda=True) / CALLS
     tbs = lambda t: nbytes / t / 1e9  # noqa: E731
@@ -144,20 +145,21 @@ def bench_device(device, sizes, quick, parts=PARTS):
     repeat = 10 if quick else 50
     n = sizes["elems"] if cuda else sizes["cpu_elems"]
     rows = []
+
+    def add_row(name, t_ours, t_torch, extra):
+        rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])
+        print(rows[-1], flush=True)
+
     for name, ours, theirs, nbytes in elementwise_cases(n, device) if "elementwise" in parts else []:
         check(ours(), theirs(), name)
         t_ours, t_torch = time_pair(ours, theirs, repeat, cuda)
-        extra = bandwidth(nbytes, t_ours, t_torch, repeat) if cuda else ""
-        rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])
-        print(rows[-1], flush=True)
+        add_row(name, t_ours, t_torch, bandwidth(nbytes, t_ours, t_torch, repeat) if cuda else "")
     for name, x, dim, fn, nbytes in reduction_cases(n, device) if "reduce" in parts else []:
         check_reduction(strided.reduce(x, dim, fn), x, tuple(range(x.dim())) if dim is None else dim, fn, name)
         torch_fn = torch.sum if fn == "sum" else torch.amax
         t_ours, t_torch = time_pair(lambda: strided.reduce(x, dim, fn),
                                     lambda: torch_fn(x) if dim is None else torch_fn(x, dim), repeat, cuda)
-        extra = bandwidth(nbytes, t_ours, t_torch, repeat) if cuda else ""
-        rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])
-        print(rows[-1], flush=True)
+        add_row(name, t_ours, t_torch, bandwidth(nbytes, t_ours, t_torch, repeat) if cuda else "")
     mm = sizes["mm"] if cuda else sizes["cpu_mm"]
     bmm = sizes["bmm"] if cuda else sizes["cpu_bmm"]
     old = torch.backends.cuda.matmul.allow_tf32
@@ -178,9 +180,8 @@ def bench_device(device, sizes, quick, parts=PARTS):
             t_ours, t_torch = time_pair(lambda: strided.matmul(a, b), lambda: torch.matmul(a, b),
                                         max(5, repeat // 5), cuda)
             flops = 2 * a.shape[-2] * k * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
-            extra = f"{flops / t_ours / 1e9:.2f} TFLOP/s = {t_torch / t_ours:.0%} of torch ({flops / t_torch / 1e9:.2f})"
-            rows.append([device, name, f"{t_ours:.3f}", f"{t_torch:.3f}", f"{t_torch / t_ours:.2f}", extra])
-            print(rows[-1], flush=True)
+            add_row(name, t_ours, t_torch,
+                    f"{flops / t_ours / 1e9:.2f} TFLOP/s = {t_torch / t_ours:.0%} of torch ({flops / t_torch / 1e9:.2f})")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
     return rows
