@@ -99,17 +99,16 @@ struct StridedLayout {
 
 // Builds the merged layout of operands with the common shape `sizes` and per-operand `strides`
 // (each the length of sizes). Returns false when more than kMaxDims dims remain after merging.
-// order_by: which operand's strides decide the dim order (innermost = smallest stride).
 template <int NOps>
 bool make_layout(at::IntArrayRef sizes, const std::array<std::vector<int64_t>, NOps>& strides,
-                 StridedLayout<NOps>& out, int order_by = 0) {
-  // the dims of size > 1, outermost first: by decreasing stride of operand order_by, ties by the
-  // other operands' strides (a stable sort keeps the tensor's own order otherwise)
+                 StridedLayout<NOps>& out) {
+  // the dims of size > 1, outermost first: by decreasing stride of operand 0 (the output's, so
+  // that writes are the innermost loop), ties by the other operands' strides in order (a stable
+  // sort keeps the tensor's own order otherwise)
   std::vector<int> dims;
   for (int d = 0; d < static_cast<int>(sizes.size()); ++d)
     if (sizes[d] != 1) dims.push_back(d);
   std::stable_sort(dims.begin(), dims.end(), [&](int x, int y) {
-    if (strides[order_by][x] != strides[order_by][y]) return strides[order_by][x] > strides[order_by][y];
     for (int op = 0; op < NOps; ++op)
       if (strides[op][x] != strides[op][y]) return strides[op][x] > strides[op][y];
     return false;
@@ -180,6 +179,9 @@ inline void for_each_run(const StridedLayout<NOps>& L, int64_t begin, int64_t en
     }
   }
 }
+
+// Whether this CPU runs the AVX2 + FMA clones of the CPU loops (strided_cpu.cpp; cached).
+bool has_avx2();
 
 // ---- checks (strided_checks.cpp), mirrored by the fake kernels in pointops/strided.py
 void check_strided_dtype(const at::Tensor& t, const char* name);

@@ -44,7 +44,6 @@ extern "C" __m256 Sleef_tanhf8_u10(__m256);
 
 namespace pointops {
 namespace strided {
-namespace {
 
 bool has_avx2() {
 #ifdef POINTOPS_STRIDED_X86
@@ -57,6 +56,8 @@ bool has_avx2() {
   return false;
 #endif
 }
+
+namespace {
 
 constexpr int64_t kGrain = 32768;   // elements per parallel task, at least
 constexpr int64_t kBlock = 1024;    // summands per compute-type partial sum
@@ -262,7 +263,7 @@ POINTOPS_INLINE void reduce_run_impl(const T* p, int64_t n, int64_t s,
     for (int l = 0; l < kLanes; ++l) lanes[l] = R::identity();
     const T* q = p + j0 * s;
     int64_t j = 0;
-    if (s == 1 && (F == ReduceFn::Max || F == ReduceFn::Min)) {
+    if (exact && s == 1) {
       // x > acc ? x : acc is one vector max (maxps); NaNs are tracked apart, so the loop vectorises
       int nan[kLanes] = {};
       for (; j + kLanes <= len; j += kLanes)

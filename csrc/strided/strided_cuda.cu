@@ -237,7 +237,6 @@ void launch_elementwise(const at::Tensor& out, const std::array<const at::Tensor
   constexpr int kVec = 16 / sizeof(T);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   T* o = out.data_ptr<T>();
-  const int64_t grid_cap = static_cast<int64_t>(multiprocessor_count()) * 32;
   StridedLayout<NOps> LV = L;
   const bool vec = vectorize<NOps>(LV, raw, kVec);
 
@@ -260,7 +259,7 @@ void launch_elementwise(const at::Tensor& out, const std::array<const at::Tensor
     const int64_t row_tiles = ceil_div<int64_t>(LT.sizes[LT.ndim - 2], kTile);
     const int64_t col_tiles = ceil_div<int64_t>(LT.sizes[LT.ndim - 1], kTile);
     const int64_t tiles = LT.numel() / LT.sizes[LT.ndim - 2] / LT.sizes[LT.ndim - 1] * row_tiles * col_tiles;
-    const auto grid = static_cast<unsigned>(std::min(tiles, grid_cap));
+    const unsigned grid = grid_for(tiles, 1);  // a tile per block, grid-stride beyond the device's fill
     elementwise_tiled_kernel<T, NIn><<<grid, kTile * kTileRows, 0, stream>>>(LT, o, ptrs, tiled, row_tiles,
                                                                              col_tiles, tiles, f);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -84,13 +84,6 @@ __attribute__((target("avx2,fma"))) void tile_product_avx2(int64_t mc, int64_t n
                                                            const A* bpack, A* ctile) {
   tile_product<A>(mc, nc, kc, apack, bpack, ctile);
 }
-bool has_avx2() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return yes;
-}
 #endif
 
 template <typename A>
@@ -109,10 +102,12 @@ void matmul_tile(const MatmulCall& mc_, const T* a, const T* b, T* c, int64_t i0
   constexpr int64_t NR = micro_cols<A>();
   const int64_t mc = std::min(kMC, mc_.n - i0), nc = std::min(kNC, mc_.m - j0);
   const int64_t mc_pad = (mc + kMR - 1) / kMR * kMR, nc_pad = (nc + NR - 1) / NR * NR;
-  buf.assign(kMC * kKC + kKC * kNC + kMC * kNC, A(0));
+  // the packed panels are written before they are read; only the tile's accumulators start at 0
+  buf.resize(kMC * kKC + kKC * kNC + kMC * kNC);
   A* apack = buf.data();
   A* bpack = apack + kMC * kKC;
   A* ctile = bpack + kKC * kNC;
+  std::fill(ctile, ctile + mc_pad * kNC, A(0));
   for (int64_t p0 = 0; p0 < mc_.k; p0 += kKC) {
     const int64_t kc = std::min(kKC, mc_.k - p0);
     // A panel ir: [p][i] for rows ir..ir+kMR (zero rows beyond mc)
