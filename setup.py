@@ -51,6 +51,12 @@ def build_ext_class(with_cuda):
 
     class BuildAndRecord(BuildExtension.with_options(use_ninja=True)):
         def run(self):
+            # A toolchain that links libstdc++ statically builds a module whose error paths segfault
+            # (pointops/_toolchain.py): probe the one setuptools would use and switch to the system
+            # g++ if needed. Here rather than at import: setup.py is evaluated several times per
+            # pip build (requirements, metadata, sdist), and only this command compiles;
+            # build_ext.run creates the compiler from CC / CXX / LDSHARED after this.
+            os.environ.update(_load("_pointops_toolchain", ROOT / "pointops" / "_toolchain.py").choose(for_jit=False))
             if self.editable_mode:
                 # setuptools compiles an editable install in a throw-away directory; the regular
                 # build/temp.* keeps the objects, so the next `pip install -e .` or `pip wheel .`
@@ -70,8 +76,5 @@ def build_ext_class(with_cuda):
     return BuildAndRecord
 
 
-# A toolchain that links libstdc++ statically builds a module whose error paths segfault (see
-# pointops/_toolchain.py): probe the one setuptools would use and switch to the system g++ if needed.
-os.environ.update(_load("_pointops_toolchain", ROOT / "pointops" / "_toolchain.py").choose(for_jit=False))
 WITH_CUDA = sources.want_cuda()
 setup(ext_modules=extensions(WITH_CUDA), cmdclass={"build_ext": build_ext_class(WITH_CUDA)})
