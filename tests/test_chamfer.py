@@ -423,9 +423,12 @@ def test_backward_op_never_reads_past_y_for_a_hand_made_index(device):
     if device == "cpu":
         with pytest.raises(RuntimeError, match=r"idx must hold indices in \[-1, 4\) \(into y\), got values in \[7, "):
             backward(torch.ones(2, 5, device=device), x, y, bad)
-    else:  # CUDA cannot check without a sync: such an index counts as unmatched
-        grad_x, grad_y = backward(torch.ones(2, 5, device=device), x, y, bad)
+    else:  # CUDA cannot check without a sync: such an index counts as unmatched, in the derivatives too
+        g = torch.ones(2, 5, device=device, requires_grad=True)
+        grad_x, grad_y = backward(g, x.requires_grad_(), y.requires_grad_(), bad)
         assert (grad_x == 0).all() and (grad_y == 0).all()
+        d_g, d_x, d_y = torch.autograd.grad((grad_x.sum() + grad_y.sum()), (g, x, y), allow_unused=True)
+        assert (d_g == 0).all() and (d_x is None or (d_x == 0).all()) and (d_y is None or (d_y == 0).all())
 
 
 @requires_cuda

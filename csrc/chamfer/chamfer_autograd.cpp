@@ -55,8 +55,10 @@ class NearestNeighborBackwardFunction : public torch::autograd::Function<Nearest
     if (y.size(1) == 0 || idx.numel() == 0) {  // nothing was matched: the backward was identically 0
       d_grad_dist = at::zeros_like(grad_dist);
     } else {
-      const at::Tensor matched = idx >= 0;
-      const at::Tensor gather_index = idx.clamp_min(0).unsqueeze(-1).expand_as(x);
+      // unmatched: -1, and (as the CUDA backward kernel treats them) indices past y's end; the
+      // clamp keeps the gather inside y for both, the mask drops them
+      const at::Tensor matched = (idx >= 0) & (idx < y.size(1));
+      const at::Tensor gather_index = idx.clamp(0, y.size(1) - 1).unsqueeze(-1).expand_as(x);
       const at::Tensor v = u_x - u_y.gather(1, gather_index);
       const at::Tensor diff = x - y.gather(1, gather_index);
       const at::Tensor derivative = norm == 2 ? diff * 2 : at::sign(diff);
