@@ -56,8 +56,10 @@ at::Tensor real_part(const at::Tensor& t) { return t.is_complex() ? at::real(t) 
 // backward uses it, so second (and higher) derivatives go through the particle_sum autograd.
 // It cancels where the fused moments kernel does not (a_i f_i and the second sum are both ~ |a| f):
 // the caller shifts a and b so the sources' mean is at the origin, which bounds the loss by the
-// cloud's extent over sigma rather than its distance from the origin.
-at::Tensor gaussian_moments_composite(const at::Tensor& a, const at::Tensor& b, const at::Tensor& w, double sigma) {
+// cloud's extent over sigma rather than its distance from the origin. Returns (sums, moments), as
+// the fused moments op does: sums = sum_j g_ij w_j is the first of the two.
+std::tuple<at::Tensor, at::Tensor> gaussian_moments_composite(const at::Tensor& a, const at::Tensor& b,
+                                                              const at::Tensor& w, double sigma) {
   const bool columns = w.dim() == a.dim();
   const at::Tensor sums = particle_sum_op(a, b, w, "gaussian", sigma, c10::nullopt);
   at::Tensor weighted_points_sums, a_times_sums;
@@ -70,21 +72,19 @@ at::Tensor gaussian_moments_composite(const at::Tensor& a, const at::Tensor& b, 
     weighted_points_sums = particle_sum_op(a, b, w.unsqueeze(-1) * b, "gaussian", sigma, c10::nullopt);
     a_times_sums = a * sums.unsqueeze(-1);
   }
-  return (a_times_sums - weighted_points_sums) * (-1.0 / (sigma * sigma));
+  return {sums, (a_times_sums - weighted_points_sums) * (-1.0 / (sigma * sigma))};
 }
 
-// The moments op is differentiable only through gaussian_moments_composite (gaussian). For the
-// singular kernels the derivative of h would need a kernel pointops does not have: this node makes
-// such a double backward fail loudly instead of treating the moments as constants (silently wrong).
-class ParticleSumMomentsFunction : public torch::autograd::Function<ParticleSumMomentsFunction> {
+// The moments are differentiable only through gaussian_moments_composite (gaussian). For the
+// singular kernels the derivative of h would need a kernel pointops does not have: this node, placed
+// between already computed moments and the (targets, sources, weights) they came from, makes such a
+// double backward fail loudly instead of treating the moments as constants (silently wrong).
+class RefuseMomentsDerivative : public torch::autograd::Function<RefuseMomentsDerivative> {
  public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& targets, const at::Tensor& sources,
-                               const at::Tensor& weights, c10::string_view kernel, OptionalDouble sigma,
-                               OptionalDouble wavenumber) {
-    at::AutoDispatchBelowADInplaceOrView guard;
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& /*targets*/, const at::Tensor& /*sources*/,
+                               const at::Tensor& /*weights*/, const at::Tensor& moments, c10::string_view kernel) {
     ctx->saved_data["kernel"] = std::string(kernel);
-    auto [sums, moments] = particle_sum_moments_op(targets, sources, weights, kernel, sigma, wavenumber);
-    return {sums, moments};
+    return {moments.clone()};  // a new tensor for the new node: O(M D), not a second O(M N) pass
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list) {
@@ -163,27 +163,32 @@ class ParticleSumFunction : public torch::autograd::Function<ParticleSumFunction
           y.size(-2) > 0 ? y.detach().mean(-2, /*keepdim=*/true) : at::zeros_like(y.detach().sum(-2, true));
       x = x - origin;
       y = y - origin;
-      if (need_targets) out[0] = combine(g, gaussian_moments_composite(x, y, w, *sigma)).to(targets.scalar_type());
-      if (need_sources) out[1] = combine(w, gaussian_moments_composite(y, x, g, *sigma)).to(sources.scalar_type());
-      if (need_weights) out[2] = particle_sum_op(y, x, g, kernel, sigma, wavenumber);
-    } else {
-      auto moments_op = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& w) {
-        if (!create_graph) return particle_sum_moments_op(a, b, w, kernel, sigma, wavenumber);
-        auto result = ParticleSumMomentsFunction::apply(a, b, w, kernel, sigma, wavenumber);
-        return std::make_tuple(result[0], result[1]);
-      };
       if (need_targets) {
-        at::Tensor m = moments;
-        // The forward's moments are constants to autograd; with create_graph they are recomputed
-        // through a node that refuses to be differentiated (see ParticleSumMomentsFunction).
-        if (create_graph) m = std::get<1>(moments_op(targets, sources, weights));
-        TORCH_CHECK(m.defined(), "particle_sum backward: the targets' moments were not computed in the forward "
-                                 "pass (targets did not require grad then)");
-        out[0] = combine(g, m).to(targets.scalar_type());
+        out[0] = combine(g, std::get<1>(gaussian_moments_composite(x, y, w, *sigma))).to(targets.scalar_type());
       }
       if (need_sources) {
-        auto [swapped_sums, swapped_moments] = moments_op(y, x, g);
-        out[1] = combine(weights, swapped_moments).to(sources.scalar_type());
+        auto [swapped_sums, swapped_moments] = gaussian_moments_composite(y, x, g, *sigma);
+        out[1] = combine(w, swapped_moments).to(sources.scalar_type());
+        if (need_weights) out[2] = swapped_sums;  // the weights' gradient is that same pass (y, x, g)
+      }
+      if (need_weights && !out[2].defined()) out[2] = particle_sum_op(y, x, g, kernel, sigma, wavenumber);
+    } else {
+      // With create_graph the moments (constants to autograd) pass through a node that refuses to
+      // be differentiated (see RefuseMomentsDerivative).
+      auto refusing = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& w, const at::Tensor& m) {
+        return create_graph ? RefuseMomentsDerivative::apply(a, b, w, m, kernel)[0] : m;
+      };
+      if (need_targets) {
+        TORCH_CHECK(moments.defined(), "particle_sum backward: the targets' moments were not computed in the "
+                                       "forward pass (targets did not require grad then)");
+        out[0] = combine(g, refusing(targets, sources, weights, moments)).to(targets.scalar_type());
+      }
+      if (need_sources) {
+        auto [swapped_sums, swapped_moments] = [&] {
+          const at::NoGradGuard constants;  // the moments op has no autograd kernel: refusing() wraps them
+          return particle_sum_moments_op(y, x, g, kernel, sigma, wavenumber);
+        }();
+        out[1] = combine(weights, refusing(y, x, g, swapped_moments)).to(sources.scalar_type());
         // With create_graph the weights' gradient takes its own (differentiable) pass.
         if (need_weights && !create_graph) out[2] = swapped_sums;
       }

@@ -269,13 +269,13 @@ void particle_sum_cpu_kernel(const PairMath<K, T>& math, const CpuCall& call, co
   constexpr int P = PairMath<K, T>::kParts;
   // Each thread keeps kLanes x (columns x parts x slots) double accumulators (128 bytes per
   // accumulator per thread), indexed with int: bound both before anything is allocated.
-  const int64_t wanted = call.R * P * (call.moments ? 1 + call.D : 1);
+  const int64_t slots = call.moments ? 1 + call.D : 1;
+  const int64_t wanted = call.R * P * slots;
   TORCH_CHECK(wanted <= kMaxCpuAccumulators, "particle_sum on the CPU: ", call.R, " real weight column(s) x ", P,
               " part(s)", call.moments ? " x (1 + D) = (1 + " + std::to_string(call.D) + ") moment slots" : std::string(),
               " need ", wanted, " accumulators per target, more than the ", kMaxCpuAccumulators,
               " supported; split the weight columns into several calls");
-  const int slots = call.moments ? static_cast<int>(1 + call.D) : 1;
-  const AccumulatorLayout acc{static_cast<int>(call.R), P, slots, call.moments ? static_cast<int>(call.D) : 0, 0,
+  const AccumulatorLayout acc{static_cast<int>(call.R), P, static_cast<int>(slots), call.moments ? static_cast<int>(call.D) : 0, 0,
                               p.complex_weights};
   const int64_t sums_row = out.sums_real.numel() / std::max<int64_t>(1, call.B * call.M);
   const int64_t moments_row = call.moments ? out.moments_real.numel() / std::max<int64_t>(1, call.B * call.M) : 0;
