@@ -13,9 +13,28 @@ TORCH_LIBRARY(pointops, m) {
   // Both directions of the Chamfer distance in one launch.
   m.def("chamfer(Tensor x, Tensor y, Tensor? x_lengths=None, Tensor? y_lengths=None, int norm=2)"
         " -> (Tensor dist1, Tensor dist2, Tensor idx1, Tensor idx2)");
-  // Gradient of dist = d(x, y[idx]) with respect to x (written directly) and y (scattered).
+  // Gradient of dist = d(x, y[idx]) with respect to x (written directly) and y (scattered). idx is
+  // (B, N) (one neighbour per query) or (B, N, K) (knn_points, ball_query), grad_dist the same shape;
+  // idx -1 (no neighbour) contributes nothing.
   m.def("_nearest_neighbor_backward(Tensor grad_dist, Tensor x, Tensor y, Tensor idx, int norm=2)"
         " -> (Tensor grad_x, Tensor grad_y)");
+
+  // ---- Neighbourhoods (csrc/neighbors) ----
+  // The K nearest points of p2 (B, M, D) for each point of p1 (B, N, D), sorted by (distance, index):
+  // dists (B, N, K) (squared Euclidean for norm = 2, L1 for norm = 1) and idx (B, N, K) int64. Slots
+  // without a neighbour (fewer than K valid points in the cloud, padded queries, non-finite distances)
+  // hold dist 0 and idx -1. K = 1 is nearest_neighbor's search.
+  m.def("knn_points(Tensor p1, Tensor p2, Tensor? lengths1=None, Tensor? lengths2=None, int K=1, int norm=2)"
+        " -> (Tensor dists, Tensor idx)");
+  // The first K points of p2 (in index order) whose squared distance to a point of p1 is below
+  // radius^2: dists (B, N, K) squared distances, idx (B, N, K); unused slots dist 0, idx -1.
+  m.def("ball_query(Tensor p1, Tensor p2, Tensor? lengths1=None, Tensor? lengths2=None, int K=500, "
+        "float radius=0.2) -> (Tensor dists, Tensor idx)");
+  // Farthest point sampling: idx (B, max_K) int64 into points (B, N, D). Cloud b takes
+  // min(K[b], max_K, its finite points) samples (K absent: max_K), starting at start_idx[b] (absent:
+  // 0); ties go to the smallest index; -1 past a cloud's samples.
+  m.def("sample_farthest_points(Tensor points, Tensor? lengths=None, Tensor? K=None, int max_K=50, "
+        "Tensor? start_idx=None) -> Tensor idx");
 
   // ---- Voxelization (csrc/voxelize) ----
   // POINTOPS-VOXELIZE-SCHEMAS-BEGIN

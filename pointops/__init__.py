@@ -4,6 +4,8 @@ Public API:
   nearest_neighbor, chamfer, chamfer_distance, ChamferLoss, ChamferFunction, fscore
   voxelize, voxel_features, Voxels, Voxelizer
   particle_sum, ParticleSum
+  knn_points, knn_gather, ball_query, sample_farthest_points, KNN (PyTorch3D's contracts)
+  knn, radius, fps, knn_interpolate (packed clouds: torch_cluster / torch_geometric contracts)
   strided (module): strided.map, strided.zip, strided.reduce, strided.matmul over any strided view
   build_info()
 """
@@ -18,6 +20,8 @@ from .chamfer import ChamferFunction, chamfer, fscore, nearest_neighbor  # noqa:
 from .chamfer_loss import ChamferLoss, chamfer_distance  # noqa: E402
 from .voxelize import Voxelizer, Voxels, voxel_features, voxelize  # noqa: E402
 from .particle_sum import ParticleSum, particle_sum  # noqa: E402
+from .neighbors import KNN, ball_query, knn_gather, knn_points, sample_farthest_points  # noqa: E402
+from .neighbors_packed import fps, knn, knn_interpolate, radius  # noqa: E402
 from . import strided  # noqa: E402
 
 
@@ -42,5 +46,7 @@ def build_info() -> dict:
 
 __all__ = [
     "nearest_neighbor", "chamfer", "chamfer_distance", "ChamferLoss", "ChamferFunction", "fscore",
-    "voxelize", "voxel_features", "Voxels", "Voxelizer", "particle_sum", "ParticleSum", "strided", "build_info", "__version__",
+    "voxelize", "voxel_features", "Voxels", "Voxelizer", "particle_sum", "ParticleSum",
+    "knn_points", "knn_gather", "ball_query", "sample_farthest_points", "KNN", "knn", "radius", "fps",
+    "knn_interpolate", "strided", "build_info", "__version__",
 ]

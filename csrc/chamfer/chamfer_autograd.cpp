@@ -16,6 +16,8 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptionalTensor = c10::optional<at::Tensor>;
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_op(const at::Tensor& grad_dist, const at::Tensor& x,
                                                                 const at::Tensor& y, const at::Tensor& idx,
                                                                 int64_t norm) {
@@ -25,6 +27,8 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_op(const at::Tensor
                                                                  const at::Tensor&, const at::Tensor&, int64_t)>();
   return op.call(grad_dist.contiguous(), x, y, idx, norm);
 }
+
+namespace {
 
 // The backward op is differentiable too (double backward: gradient penalties, meta-learning).
 // With d' the metric's derivative and the indices fixed,
@@ -57,10 +61,18 @@ class NearestNeighborBackwardFunction : public torch::autograd::Function<Nearest
     } else {
       // unmatched: -1, and (as the CUDA backward kernel treats them) indices past y's end; the
       // clamp keeps the gather inside y for both, the mask drops them
+      // idx (B, N) or (B, N, K): the gathers work on (B, N * K) pairs, x broadcast over k.
+      const int64_t B = x.size(0), D = x.size(2);
       const at::Tensor matched = (idx >= 0) & (idx < y.size(1));
-      const at::Tensor gather_index = idx.clamp(0, y.size(1) - 1).unsqueeze(-1).expand_as(x);
-      const at::Tensor v = u_x - u_y.gather(1, gather_index);
-      const at::Tensor diff = x - y.gather(1, gather_index);
+      const at::Tensor gather_index = idx.clamp(0, y.size(1) - 1).reshape({B, -1, 1}).expand({B, -1, D});
+      const auto pair_shape = idx.sizes().vec();
+      auto point_shape = pair_shape;
+      point_shape.push_back(D);
+      auto query_shape = x.sizes().vec();
+      if (idx.dim() == 3) query_shape.insert(query_shape.begin() + 2, 1);  // (B, N, 1, D)
+      const at::Tensor x_pairs = x.reshape(query_shape), u_x_pairs = u_x.reshape(query_shape);
+      const at::Tensor v = u_x_pairs - u_y.gather(1, gather_index).view(point_shape);
+      const at::Tensor diff = x_pairs - y.gather(1, gather_index).view(point_shape);
       const at::Tensor derivative = norm == 2 ? diff * 2 : at::sign(diff);
       d_grad_dist = at::where(matched, (v * derivative).sum(-1), at::zeros_like(grad_dist));
     }

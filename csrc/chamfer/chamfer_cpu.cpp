@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "chamfer/chamfer.h"
+#include "common/cpu_dispatch.h"
 
 namespace pointops {
 namespace {
@@ -17,77 +18,70 @@ namespace {
 constexpr int64_t kQueryBlock = 32;  // queries held while a reference tile is hot in L1/L2
 constexpr int64_t kRefTile = 1024;   // reference points converted to acc_t per tile
 
-// D > 0: the dimension is a compile-time constant; D == 0: it is `dim`, known at run time.
-template <int D, Metric metric, typename acc_t>
-inline acc_t distance(const acc_t* q, const acc_t* r, int64_t dim) {
-  if constexpr (D > 0) {
-    return point_distance<D, metric>(q, r);
-  } else {
-    return point_distance_dynamic<metric>(q, r, dim);
-  }
-}
-
 template <int D, Metric metric, typename scalar_t>
 void nearest_neighbor_cpu_kernel(const scalar_t* x, const scalar_t* y, const int64_t* x_lengths,
                                  const int64_t* y_lengths, int64_t B, int64_t N, int64_t M,
-                                 int64_t dim, scalar_t* dist, int64_t* idx) {
+                                 int64_t dim, bool zero_unmatched, scalar_t* dist, int64_t* idx) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t blocks_per_batch = (N + kQueryBlock - 1) / kQueryBlock;
   at::parallel_for(0, B * blocks_per_batch, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> queries(kQueryBlock * dim), refs(kRefTile * dim);
     acc_t best[kQueryBlock];
     int64_t best_idx[kQueryBlock];
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / blocks_per_batch;
-      const int64_t n_valid = x_lengths ? x_lengths[b] : N;
-      const int64_t m_valid = y_lengths ? y_lengths[b] : M;
-      const int64_t q_begin = (task % blocks_per_batch) * kQueryBlock;
-      const int64_t q_end = std::min(q_begin + kQueryBlock, N);
-      const int64_t q_valid_end = std::min(q_end, std::max(n_valid, q_begin));
-      const int64_t nq = q_valid_end - q_begin;
-      for (int64_t i = q_valid_end; i < q_end; ++i) {  // padding: never matched
-        dist[b * N + i] = scalar_t(0);
-        idx[b * N + i] = -1;
-      }
-      if (nq == 0) continue;
-      const scalar_t* xb = x + (b * N + q_begin) * dim;
-      for (int64_t t = 0; t < nq * dim; ++t) queries[t] = static_cast<acc_t>(xb[t]);
-      std::fill(best, best + nq, std::numeric_limits<acc_t>::infinity());
-      std::fill(best_idx, best_idx + nq, int64_t(-1));
-      for (int64_t r_begin = 0; r_begin < m_valid; r_begin += kRefTile) {
-        const int64_t nr = std::min(kRefTile, m_valid - r_begin);
-        const scalar_t* yb = y + (b * M + r_begin) * dim;
-        for (int64_t t = 0; t < nr * dim; ++t) refs[t] = static_cast<acc_t>(yb[t]);
-        for (int64_t q = 0; q < nq; ++q) {
-          const acc_t* qp = queries.data() + q * dim;
-          acc_t bq = best[q];
-          int64_t bi = best_idx[q];
-          for (int64_t j = 0; j < nr; ++j) {
-            const acc_t d = distance<D, metric>(qp, refs.data() + j * dim, dim);
-            // Strict '<' in increasing j: ties keep the smallest index; NaN never wins.
-            if (d < bq) {
-              bq = d;
-              bi = r_begin + j;
+    call_best_isa([&]() POINTOPS_CLONE_BODY {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / blocks_per_batch;
+        const int64_t n_valid = x_lengths ? x_lengths[b] : N;
+        const int64_t m_valid = y_lengths ? y_lengths[b] : M;
+        const int64_t q_begin = (task % blocks_per_batch) * kQueryBlock;
+        const int64_t q_end = std::min(q_begin + kQueryBlock, N);
+        const int64_t q_valid_end = std::min(q_end, std::max(n_valid, q_begin));
+        const int64_t nq = q_valid_end - q_begin;
+        for (int64_t i = q_valid_end; i < q_end; ++i) {  // padding: never matched
+          dist[b * N + i] = scalar_t(0);
+          idx[b * N + i] = -1;
+        }
+        if (nq == 0) continue;
+        const scalar_t* xb = x + (b * N + q_begin) * dim;
+        for (int64_t t = 0; t < nq * dim; ++t) queries[t] = static_cast<acc_t>(xb[t]);
+        std::fill(best, best + nq, std::numeric_limits<acc_t>::infinity());
+        std::fill(best_idx, best_idx + nq, int64_t(-1));
+        for (int64_t r_begin = 0; r_begin < m_valid; r_begin += kRefTile) {
+          const int64_t nr = std::min(kRefTile, m_valid - r_begin);
+          const scalar_t* yb = y + (b * M + r_begin) * dim;
+          for (int64_t t = 0; t < nr * dim; ++t) refs[t] = static_cast<acc_t>(yb[t]);
+          for (int64_t q = 0; q < nq; ++q) {
+            const acc_t* qp = queries.data() + q * dim;
+            acc_t bq = best[q];
+            int64_t bi = best_idx[q];
+            for (int64_t j = 0; j < nr; ++j) {
+              const acc_t d = point_distance_any<D, metric>(qp, refs.data() + j * dim, dim);
+              // Strict '<' in increasing j: ties keep the smallest index; NaN never wins.
+              if (d < bq) {
+                bq = d;
+                bi = r_begin + j;
+              }
             }
+            best[q] = bq;
+            best_idx[q] = bi;
           }
-          best[q] = bq;
-          best_idx[q] = bi;
+        }
+        for (int64_t q = 0; q < nq; ++q) {
+          const int64_t out = b * N + q_begin + q;
+          dist[out] = static_cast<scalar_t>(best_idx[q] < 0 ? unmatched_distance<acc_t>(m_valid, zero_unmatched) : best[q]);
+          idx[out] = best_idx[q];
         }
       }
-      for (int64_t q = 0; q < nq; ++q) {
-        const int64_t out = b * N + q_begin + q;
-        dist[out] = static_cast<scalar_t>(best_idx[q] < 0 ? unmatched_distance<acc_t>(m_valid) : best[q]);
-        idx[out] = best_idx[q];
-      }
-    }
+    });
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cpu(const at::Tensor& x,
-                                                                  const at::Tensor& y,
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cpu(const at::Tensor& x, const at::Tensor& y,
                                                                   const at::Tensor& x_lengths,
-                                                                  const at::Tensor& y_lengths,
-                                                                  Metric metric) {
+                                                                  const at::Tensor& y_lengths, Metric metric,
+                                                                  bool zero_unmatched) {
   const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
   auto dist = at::empty({B, N}, x.options());
   auto idx = at::empty({B, N}, x.options().dtype(at::kLong));
@@ -98,29 +92,24 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cpu(const at::Tens
   const int64_t* yl = y_lengths.defined() ? y_lengths.data_ptr<int64_t>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "nearest_neighbor_cpu", [&] {
     dispatch_metric(metric, [&](auto metric_tag) {
-      auto run = [&](auto dim_tag) {
+      dispatch_dim(dim, [&](auto dim_tag) {
         nearest_neighbor_cpu_kernel<decltype(dim_tag)::value, decltype(metric_tag)::value, scalar_t>(
-            x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(), xl, yl, B, N, M, dim,
+            x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(), xl, yl, B, N, M, dim, zero_unmatched,
             dist.data_ptr<scalar_t>(), idx.data_ptr<int64_t>());
-      };
-      if (dim == 2) {
-        run(std::integral_constant<int, 2>{});
-      } else if (dim == 3) {
-        run(std::integral_constant<int, 3>{});
-      } else {
-        run(std::integral_constant<int, 0>{});
-      }
+      });
     });
   });
   return {dist, idx};
 }
+
+namespace {
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cpu(const at::Tensor& x, const at::Tensor& y,
                                                         const c10::optional<at::Tensor>& x_lengths,
                                                         const c10::optional<at::Tensor>& y_lengths,
                                                         int64_t norm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
-  return nearest_neighbor_direction_cpu(x, y, x_len, y_len, metric_from_norm(norm));
+  return nearest_neighbor_direction_cpu(x, y, x_len, y_len, metric_from_norm(norm), false);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cpu(
@@ -128,31 +117,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cpu(
     const c10::optional<at::Tensor>& y_lengths, int64_t norm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
   const Metric metric = metric_from_norm(norm);
-  auto [dist1, idx1] = nearest_neighbor_direction_cpu(x, y, x_len, y_len, metric);
-  auto [dist2, idx2] = nearest_neighbor_direction_cpu(y, x, y_len, x_len, metric);
+  auto [dist1, idx1] = nearest_neighbor_direction_cpu(x, y, x_len, y_len, metric, false);
+  auto [dist2, idx2] = nearest_neighbor_direction_cpu(y, x, y_len, x_len, metric, false);
   return {dist1, dist2, idx1, idx2};
 }
 
-// d/dx |x - y[idx]|^2 = 2 (x - y[idx]) (L1: sign(x - y[idx])); the matched reference point gets
-// the negative. The reference gradient is gathered per reference point over its matched queries
-// in increasing query order (matched_queries_by_reference), so it is deterministic and
-// thread-parallel.
+// d/dx |x - y[j]|^2 = 2 (x - y[j]) (L1: sign(x - y[j])) for each of a query's K neighbours j =
+// idx[q, k] (K = 1 for nearest_neighbor), summed in k order; the matched reference point gets the
+// negative. The reference gradient is gathered per reference point over its matched pairs in
+// increasing pair order (matched_queries_by_reference), so it is deterministic and thread-parallel.
 template <Metric metric, typename scalar_t>
 void nearest_neighbor_backward_cpu_kernel(const scalar_t* grad_dist, const scalar_t* x,
                                           const scalar_t* y, const int64_t* idx,
                                           const int64_t* order, const int64_t* offsets, int64_t B,
-                                          int64_t N, int64_t M, int64_t dim, scalar_t* grad_x,
+                                          int64_t N, int64_t M, int64_t K, int64_t dim, scalar_t* grad_x,
                                           scalar_t* grad_y) {
   using acc_t = at::opmath_type<scalar_t>;
   at::parallel_for(0, B * N, 256, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> acc(dim);
     for (int64_t q = begin; q < end; ++q) {
-      const int64_t j = idx[q];
-      const acc_t g = static_cast<acc_t>(grad_dist[q]);
-      const scalar_t* yr = y + ((q / N) * M + std::max<int64_t>(j, 0)) * dim;
-      for (int64_t k = 0; k < dim; ++k) {
-        const acc_t diff = static_cast<acc_t>(x[q * dim + k]) - static_cast<acc_t>(yr[k]);
-        grad_x[q * dim + k] = static_cast<scalar_t>(j >= 0 ? g * distance_derivative<metric>(diff) : acc_t(0));
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      bool any = false;  // the first term is taken as is: K = 1 keeps the sign of a zero gradient
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t j = idx[q * K + k];
+        if (j < 0) continue;
+        const acc_t g = static_cast<acc_t>(grad_dist[q * K + k]);
+        const scalar_t* yr = y + ((q / N) * M + j) * dim;
+        for (int64_t c = 0; c < dim; ++c) {
+          const acc_t term = g * distance_derivative<metric>(static_cast<acc_t>(x[q * dim + c]) - static_cast<acc_t>(yr[c]));
+          acc[c] = any ? acc[c] + term : term;
+        }
+        any = true;
       }
+      for (int64_t c = 0; c < dim; ++c) grad_x[q * dim + c] = static_cast<scalar_t>(acc[c]);
     }
   });
   at::parallel_for(0, B * M, 256, [&](int64_t begin, int64_t end) {
@@ -160,14 +157,14 @@ void nearest_neighbor_backward_cpu_kernel(const scalar_t* grad_dist, const scala
     for (int64_t r = begin; r < end; ++r) {
       std::fill(acc.begin(), acc.end(), acc_t(0));
       for (int64_t t = offsets[r]; t < offsets[r + 1]; ++t) {
-        const int64_t q = order[t];
-        const acc_t g = static_cast<acc_t>(grad_dist[q]);
-        for (int64_t k = 0; k < dim; ++k) {
-          acc[k] -= g * distance_derivative<metric>(static_cast<acc_t>(x[q * dim + k]) -
-                                                    static_cast<acc_t>(y[r * dim + k]));
+        const int64_t pair = order[t], q = pair / K;
+        const acc_t g = static_cast<acc_t>(grad_dist[pair]);
+        for (int64_t c = 0; c < dim; ++c) {
+          acc[c] -= g * distance_derivative<metric>(static_cast<acc_t>(x[q * dim + c]) -
+                                                    static_cast<acc_t>(y[r * dim + c]));
         }
       }
-      for (int64_t k = 0; k < dim; ++k) grad_y[r * dim + k] = static_cast<scalar_t>(acc[k]);
+      for (int64_t c = 0; c < dim; ++c) grad_y[r * dim + c] = static_cast<scalar_t>(acc[c]);
     }
   });
 }
@@ -179,9 +176,10 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cpu(const at::Tenso
   check_nearest_neighbor_backward_inputs(grad_dist, x, y, idx);
   const Metric metric = metric_from_norm(norm);
   const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
+  const int64_t K = idx.dim() == 3 ? idx.size(2) : 1;
   auto grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
   auto grad_y = at::empty_like(y, at::MemoryFormat::Contiguous);
-  if (B * N == 0 || M == 0) {
+  if (B * N * K == 0 || M == 0) {
     grad_x.zero_();
     grad_y.zero_();
     return {grad_x, grad_y};
@@ -201,7 +199,7 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cpu(const at::Tenso
       nearest_neighbor_backward_cpu_kernel<decltype(metric_tag)::value, scalar_t>(
           grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
           idx_contig.data_ptr<int64_t>(), order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), B, N,
-          M, dim, grad_x.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>());
+          M, K, dim, grad_x.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>());
     });
   });
   return {grad_x, grad_y};

@@ -18,6 +18,7 @@
 
 #include "chamfer/chamfer.h"
 #include "common/cuda_utils.cuh"
+#include "common/point_tile.cuh"
 
 namespace pointops {
 namespace {
@@ -31,17 +32,6 @@ template <typename acc_t>
 constexpr int queries_per_thread() {
   return sizeof(acc_t) == 8 ? 4 : 8;
 }
-
-// D = 3 is padded to 4 so a point is one 16-byte shared-memory load.
-template <int D>
-constexpr int padded_dim() {
-  return D == 3 ? 4 : D;
-}
-
-template <typename acc_t, int D>
-struct alignas(sizeof(acc_t) * padded_dim<D>() >= 16 ? 16 : sizeof(acc_t) * padded_dim<D>()) SharedPoint {
-  acc_t c[padded_dim<D>()];
-};
 
 // One direction of the search: queries (B, N, dim) against refs (B, M, dim).
 template <typename scalar_t, typename acc_t>
@@ -57,6 +47,7 @@ struct Direction {
   int64_t num_splits;            // 0: nothing to search (M = 0 or N = 0)
   acc_t* partial_dist;           // (num_splits, B, N)
   int32_t* partial_idx;          // (num_splits, B, N); -1: nothing found in that split
+  bool zero_unmatched;           // queries without a neighbour report 0 (knn_points), not +inf / NaN
 };
 
 struct BlockCoordinates {
@@ -253,7 +244,7 @@ __global__ void nearest_neighbor_finalize_kernel(Direction<scalar_t, at::opmath_
         best_idx = j;
       }
     }
-    dist[t] = static_cast<scalar_t>(best_idx < 0 ? unmatched_distance<acc_t>(m_valid) : best);
+    dist[t] = static_cast<scalar_t>(best_idx < 0 ? unmatched_distance<acc_t>(m_valid, dir.zero_unmatched) : best);
     idx[t] = best_idx;
   }
 }
@@ -263,6 +254,7 @@ struct DirectionTensors {
   at::Tensor queries, refs, query_lengths, ref_lengths;
   at::Tensor dist, idx;
   at::Tensor partial_dist, partial_idx;
+  bool zero_unmatched = false;
 };
 
 template <typename scalar_t>
@@ -277,6 +269,7 @@ Direction<scalar_t, at::opmath_type<scalar_t>> make_direction(DirectionTensors& 
   d.ref_lengths = t.ref_lengths.defined() ? t.ref_lengths.data_ptr<int64_t>() : nullptr;
   d.num_queries = N;
   d.num_refs = M;
+  d.zero_unmatched = t.zero_unmatched;
   d.query_chunks = ceil_div(N, chunk_size);
   d.num_splits = 0;
   if (B * N > 0 && M > 0) {
@@ -365,16 +358,27 @@ DirectionTensors make_direction_tensors(const at::Tensor& queries, const at::Ten
   return t;
 }
 
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cuda(const at::Tensor& x, const at::Tensor& y,
+                                                                   const at::Tensor& x_lengths,
+                                                                   const at::Tensor& y_lengths, Metric metric,
+                                                                   bool zero_unmatched) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  DirectionTensors dirs[1] = {make_direction_tensors(x, y, x_lengths, y_lengths)};
+  dirs[0].zero_unmatched = zero_unmatched;
+  if (x.size(0) * x.size(1) > 0) nearest_neighbor_cuda_impl(dirs, 1, metric);
+  return {dirs[0].dist, dirs[0].idx};
+}
+
+namespace {
+
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cuda(const at::Tensor& x, const at::Tensor& y,
                                                          const c10::optional<at::Tensor>& x_lengths,
                                                          const c10::optional<at::Tensor>& y_lengths,
                                                          int64_t norm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
-  const Metric metric = metric_from_norm(norm);
-  const c10::cuda::CUDAGuard guard(x.device());
-  DirectionTensors dirs[1] = {make_direction_tensors(x, y, x_len, y_len)};
-  if (x.size(0) * x.size(1) > 0) nearest_neighbor_cuda_impl(dirs, 1, metric);
-  return {dirs[0].dist, dirs[0].idx};
+  return nearest_neighbor_direction_cuda(x, y, x_len, y_len, metric_from_norm(norm), false);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cuda(
@@ -389,38 +393,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cuda(
   return {dirs[0].dist, dirs[1].dist, dirs[0].idx, dirs[1].idx};
 }
 
-// grad_x[q] = g[q] d'(x[q] - y[idx[q]]) for every (query, coordinate), d' = 2 diff or sign(diff);
-// with `grad_y_acc` the negative is also scattered into the matched reference point with float
-// atomics.
+// grad_x[q] = sum_k g[q, k] d'(x[q] - y[idx[q, k]]) for every (query, coordinate), summed in k order
+// (K = 1 for nearest_neighbor), d' = 2 diff or sign(diff); with `grad_y_acc` the negative of each
+// term is also scattered into the matched reference point with float atomics.
 template <typename scalar_t, Metric metric>
 __global__ void nearest_neighbor_backward_queries_kernel(
     const scalar_t* grad_dist, const scalar_t* x, const scalar_t* y, const int64_t* idx, int64_t N,
-    int64_t M, int64_t dim, int64_t total, scalar_t* grad_x, at::opmath_type<scalar_t>* grad_y_acc) {
+    int64_t M, int64_t K, int64_t dim, int64_t total, scalar_t* grad_x, at::opmath_type<scalar_t>* grad_y_acc) {
   using acc_t = at::opmath_type<scalar_t>;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t q = e / dim, c = e % dim;
-    const int64_t j = idx[q];
-    // j = -1: unmatched. j >= M only comes from a hand-made idx (checking would cost a device
-    // sync): ignored like -1, never read out of bounds (the CPU refuses it).
-    if (j < 0 || j >= M) {
-      grad_x[e] = scalar_t(0);
-      continue;
+    const acc_t xc = static_cast<acc_t>(x[e]);
+    acc_t acc = 0;
+    bool any = false;  // the first term is taken as is: K = 1 keeps the sign of a zero gradient
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t j = idx[q * K + k];
+      // j = -1: no neighbour. j >= M only comes from a hand-made idx (checking would cost a device
+      // sync): ignored like -1, never read out of bounds (the CPU refuses it).
+      if (j < 0 || j >= M) continue;
+      const int64_t r = ((q / N) * M + j) * dim + c;
+      const acc_t g = static_cast<acc_t>(grad_dist[q * K + k]) * distance_derivative<metric>(xc - static_cast<acc_t>(y[r]));
+      acc = any ? acc + g : g;
+      any = true;
+      if (grad_y_acc != nullptr) gpuAtomicAdd(grad_y_acc + r, -g);
     }
-    const int64_t r = ((q / N) * M + j) * dim + c;
-    const acc_t g = static_cast<acc_t>(grad_dist[q]) *
-                    distance_derivative<metric>(static_cast<acc_t>(x[e]) - static_cast<acc_t>(y[r]));
-    grad_x[e] = static_cast<scalar_t>(g);
-    if (grad_y_acc != nullptr) gpuAtomicAdd(grad_y_acc + r, -g);
+    grad_x[e] = static_cast<scalar_t>(acc);
   }
 }
 
-// Deterministic reference gradient: each (reference point, coordinate) sums its matched queries
-// in increasing query order (see matched_queries_by_reference).
+// Deterministic reference gradient: each (reference point, coordinate) sums its matched pairs
+// in increasing pair order (see matched_queries_by_reference).
 template <typename scalar_t, Metric metric>
 __global__ void nearest_neighbor_backward_refs_kernel(const scalar_t* grad_dist, const scalar_t* x,
                                                       const scalar_t* y, const int64_t* order,
-                                                      const int64_t* offsets, int64_t dim, int64_t total,
+                                                      const int64_t* offsets, int64_t K, int64_t dim, int64_t total,
                                                       scalar_t* grad_y) {
   using acc_t = at::opmath_type<scalar_t>;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
@@ -429,8 +436,8 @@ __global__ void nearest_neighbor_backward_refs_kernel(const scalar_t* grad_dist,
     const acc_t yr = static_cast<acc_t>(y[e]);
     acc_t acc = 0;
     for (int64_t t = offsets[r]; t < offsets[r + 1]; ++t) {
-      const int64_t q = order[t];
-      acc -= static_cast<acc_t>(grad_dist[q]) * distance_derivative<metric>(static_cast<acc_t>(x[q * dim + c]) - yr);
+      const int64_t pair = order[t], q = pair / K;
+      acc -= static_cast<acc_t>(grad_dist[pair]) * distance_derivative<metric>(static_cast<acc_t>(x[q * dim + c]) - yr);
     }
     grad_y[e] = static_cast<scalar_t>(acc);
   }
@@ -444,8 +451,9 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cuda(const at::Tens
   const Metric metric = metric_from_norm(norm);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
+  const int64_t K = idx.dim() == 3 ? idx.size(2) : 1;
   auto grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
-  if (B * N == 0 || M == 0) {
+  if (B * N * K == 0 || M == 0) {
     return {grad_x.zero_(), at::zeros_like(y, at::MemoryFormat::Contiguous)};
   }
   const auto grad_contig = grad_dist.contiguous();
@@ -467,7 +475,7 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cuda(const at::Tens
       constexpr Metric m = decltype(metric_tag)::value;
       nearest_neighbor_backward_queries_kernel<scalar_t, m><<<grid_for(query_elems, kThreads), kThreads, 0, stream>>>(
           grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
-          idx_contig.data_ptr<int64_t>(), N, M, dim, query_elems, grad_x.data_ptr<scalar_t>(),
+          idx_contig.data_ptr<int64_t>(), N, M, K, dim, query_elems, grad_x.data_ptr<scalar_t>(),
           deterministic ? nullptr : grad_y_acc.data_ptr<acc_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       if (!deterministic) {
@@ -478,7 +486,7 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cuda(const at::Tens
       grad_y = at::empty_like(y, at::MemoryFormat::Contiguous);
       nearest_neighbor_backward_refs_kernel<scalar_t, m><<<grid_for(ref_elems, kThreads), kThreads, 0, stream>>>(
           grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
-          order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), dim, ref_elems, grad_y.data_ptr<scalar_t>());
+          order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), K, dim, ref_elems, grad_y.data_ptr<scalar_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

@@ -180,9 +180,6 @@ inline void for_each_run(const StridedLayout<NOps>& L, int64_t begin, int64_t en
   }
 }
 
-// Whether this CPU runs the AVX2 + FMA clones of the CPU loops (strided_cpu.cpp; cached).
-bool has_avx2();
-
 // ---- checks (strided_checks.cpp), mirrored by the fake kernels in pointops/strided.py
 void check_strided_dtype(const at::Tensor& t, const char* name);
 // The broadcast shape of a and b, refusing mismatched dtype / device / shapes with their shapes.

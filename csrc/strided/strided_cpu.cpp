@@ -26,6 +26,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "common/cpu_dispatch.h"
 #include "strided/strided_entries.h"
 
 // The loops are compiled for AVX2 + FMA and for the baseline ISA and chosen at run time (the
@@ -44,19 +45,6 @@ extern "C" __m256 Sleef_tanhf8_u10(__m256);
 
 namespace pointops {
 namespace strided {
-
-bool has_avx2() {
-#ifdef POINTOPS_STRIDED_X86
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return yes;
-#else
-  return false;
-#endif
-}
-
 namespace {
 
 constexpr int64_t kGrain = 32768;   // elements per parallel task, at least
@@ -159,7 +147,7 @@ void unary_kernel(const at::Tensor& out, const at::Tensor& x, const F& f) {
   T* o = out.data_ptr<T>();
   const T* in = x.const_data_ptr<T>();
   const int64_t so = L.strides[0][L.ndim - 1], si = L.strides[1][L.ndim - 1];
-  const bool avx2 = has_avx2();
+  const bool avx2 = cpu_has_avx2_fma();
   at::parallel_for(0, L.numel(), kGrain, [&](int64_t begin, int64_t end) {
     for_each_run(L, begin, end, [&](const std::array<int64_t, 2>& off, int64_t n) {
 #ifdef POINTOPS_STRIDED_X86
@@ -179,7 +167,7 @@ void binary_kernel(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
   const T* pa = a.const_data_ptr<T>();
   const T* pb = b.const_data_ptr<T>();
   const int64_t so = L.strides[0][L.ndim - 1], sa = L.strides[1][L.ndim - 1], sb = L.strides[2][L.ndim - 1];
-  const bool avx2 = has_avx2();
+  const bool avx2 = cpu_has_avx2_fma();
   at::parallel_for(0, L.numel(), kGrain, [&](int64_t begin, int64_t end) {
     for_each_run(L, begin, end, [&](const std::array<int64_t, 3>& off, int64_t n) {
 #ifdef POINTOPS_STRIDED_X86
@@ -301,7 +289,7 @@ __attribute__((target("avx2,fma"))) void reduce_run_avx2(const T* p, int64_t n, 
 template <ReduceFn F, typename T>
 inline void reduce_run(const T* p, int64_t n, int64_t s, typename Reducer<F, at::opmath_type<T>>::Total& total) {
 #ifdef POINTOPS_STRIDED_X86
-  if (has_avx2()) return reduce_run_avx2<F, T>(p, n, s, total);
+  if (cpu_has_avx2_fma()) return reduce_run_avx2<F, T>(p, n, s, total);
 #endif
   reduce_run_impl<F, T>(p, n, s, total);
 }
@@ -411,7 +399,7 @@ void reduce_outer(const ReducePlan& P, T* out, const T* x) {
                         P.reduced.strides[0][P.reduced.ndim - 1], P.reduced.numel()};
   const int64_t rows = P.kept.numel() / g.C, tiles = (g.C + kTile - 1) / kTile;
   const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(g.count * kTile, 1));
-  const bool avx2 = has_avx2();
+  const bool avx2 = cpu_has_avx2_fma();
   at::parallel_for(0, rows * tiles, grain, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
 #ifdef POINTOPS_STRIDED_X86

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/cpu_dispatch.h"
 #include "strided/strided_entries.h"
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
@@ -89,7 +90,7 @@ __attribute__((target("avx2,fma"))) void tile_product_avx2(int64_t mc, int64_t n
 template <typename A>
 void tile_product_dispatch(int64_t mc, int64_t nc, int64_t kc, const A* apack, const A* bpack, A* ctile) {
 #ifdef POINTOPS_MATMUL_X86
-  if (has_avx2()) return tile_product_avx2<A>(mc, nc, kc, apack, bpack, ctile);
+  if (cpu_has_avx2_fma()) return tile_product_avx2<A>(mc, nc, kc, apack, bpack, ctile);
 #endif
   tile_product<A>(mc, nc, kc, apack, bpack, ctile);
 }

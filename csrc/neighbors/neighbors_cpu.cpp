@@ -1,0 +1,214 @@
+// knn_points and ball_query on the CPU: the reference implementations, multi-threaded over (batch,
+// block of queries), each block streaming the reference cloud in tiles as the nearest-neighbour
+// kernel does. Distances are the fused forms of chamfer.h, so the results equal the CUDA kernels'
+// bit for bit.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "common/cpu_dispatch.h"
+#include "neighbors/neighbors.h"
+
+namespace pointops {
+namespace {
+
+constexpr int64_t kQueryBlock = 32;  // queries held while a reference tile is hot in cache
+constexpr int64_t kRefTile = 1024;   // reference points converted to acc_t per tile
+
+// What one task (a block of queries of one cloud) works on.
+struct QueryBlock {
+  int64_t b, q_begin, q_end, q_valid_end, m_valid;
+};
+
+QueryBlock query_block(int64_t task, int64_t blocks_per_batch, int64_t N, int64_t M, const int64_t* lengths1,
+                       const int64_t* lengths2) {
+  QueryBlock blk;
+  blk.b = task / blocks_per_batch;
+  const int64_t n_valid = lengths1 ? lengths1[blk.b] : N;
+  blk.m_valid = lengths2 ? lengths2[blk.b] : M;
+  blk.q_begin = (task % blocks_per_batch) * kQueryBlock;
+  blk.q_end = std::min(blk.q_begin + kQueryBlock, N);
+  blk.q_valid_end = std::min(blk.q_end, std::max(n_valid, blk.q_begin));
+  return blk;
+}
+
+// Rows [from, to) of a (B, N, K) output get no neighbour: distance 0, index -1.
+template <typename scalar_t>
+void write_empty_rows(scalar_t* dists, int64_t* idx, int64_t row_from, int64_t row_to, int64_t K) {
+  std::fill(dists + row_from * K, dists + row_to * K, scalar_t(0));
+  std::fill(idx + row_from * K, idx + row_to * K, int64_t(-1));
+}
+
+// Each query keeps its L = min(K, M) best candidates sorted by (distance, index). References are
+// visited in increasing index order and a candidate enters only when strictly closer than the L-th
+// best, after any equal ones: ties keep the smaller index; NaN and +inf distances never enter. Row
+// slots past L (K larger than the cloud) stay empty.
+template <int D, Metric metric, typename scalar_t>
+void knn_cpu_kernel(const scalar_t* p1, const scalar_t* p2, const int64_t* lengths1, const int64_t* lengths2,
+                    int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K, scalar_t* dists, int64_t* idx) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t blocks_per_batch = (N + kQueryBlock - 1) / kQueryBlock;
+  const int64_t L = std::min(K, M);
+  at::parallel_for(0, B * blocks_per_batch, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> queries(kQueryBlock * dim), refs(kRefTile * dim), best(kQueryBlock * L);
+    std::vector<int64_t> best_idx(kQueryBlock * L);
+    call_best_isa([&]() POINTOPS_CLONE_BODY {
+      for (int64_t task = begin; task < end; ++task) {
+        const QueryBlock blk = query_block(task, blocks_per_batch, N, M, lengths1, lengths2);
+        const int64_t row0 = blk.b * N, nq = blk.q_valid_end - blk.q_begin;
+        write_empty_rows(dists, idx, row0 + blk.q_valid_end, row0 + blk.q_end, K);  // padding
+        if (nq == 0) continue;
+        const scalar_t* pb = p1 + (row0 + blk.q_begin) * dim;
+        for (int64_t t = 0; t < nq * dim; ++t) queries[t] = static_cast<acc_t>(pb[t]);
+        std::fill(best.begin(), best.begin() + nq * L, std::numeric_limits<acc_t>::infinity());
+        std::fill(best_idx.begin(), best_idx.begin() + nq * L, int64_t(-1));
+        for (int64_t r_begin = 0; r_begin < blk.m_valid; r_begin += kRefTile) {
+          const int64_t nr = std::min(kRefTile, blk.m_valid - r_begin);
+          const scalar_t* rb = p2 + (blk.b * M + r_begin) * dim;
+          for (int64_t t = 0; t < nr * dim; ++t) refs[t] = static_cast<acc_t>(rb[t]);
+          for (int64_t q = 0; q < nq; ++q) {
+            const acc_t* qp = queries.data() + q * dim;
+            acc_t* bd = best.data() + q * L;
+            int64_t* bi = best_idx.data() + q * L;
+            acc_t kth = bd[L - 1];
+            for (int64_t j = 0; j < nr; ++j) {
+              const acc_t d = point_distance_any<D, metric>(qp, refs.data() + j * dim, dim);
+              if (d < kth) {
+                const int64_t pos = std::upper_bound(bd, bd + L, d) - bd;  // after equal distances
+                std::copy_backward(bd + pos, bd + L - 1, bd + L);
+                std::copy_backward(bi + pos, bi + L - 1, bi + L);
+                bd[pos] = d;
+                bi[pos] = r_begin + j;
+                kth = bd[L - 1];
+              }
+            }
+          }
+        }
+        for (int64_t q = 0; q < nq; ++q) {
+          const int64_t out = (row0 + blk.q_begin + q) * K;
+          for (int64_t k = 0; k < K; ++k) {
+            const int64_t j = k < L ? best_idx[q * L + k] : -1;
+            dists[out + k] = static_cast<scalar_t>(j < 0 ? acc_t(0) : best[q * L + k]);
+            idx[out + k] = j;
+          }
+        }
+      }
+    });
+  });
+}
+
+// The first K references (in index order) with distance < radius^2; the rest of the row is empty.
+template <int D, typename scalar_t>
+void ball_query_cpu_kernel(const scalar_t* p1, const scalar_t* p2, const int64_t* lengths1, const int64_t* lengths2,
+                           int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K, double radius, scalar_t* dists,
+                           int64_t* idx) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t r2 = squared_radius<acc_t>(radius);
+  const int64_t blocks_per_batch = (N + kQueryBlock - 1) / kQueryBlock;
+  at::parallel_for(0, B * blocks_per_batch, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> queries(kQueryBlock * dim), refs(kRefTile * dim);
+    int64_t found[kQueryBlock];
+    call_best_isa([&]() POINTOPS_CLONE_BODY {
+      for (int64_t task = begin; task < end; ++task) {
+        const QueryBlock blk = query_block(task, blocks_per_batch, N, M, lengths1, lengths2);
+        const int64_t row0 = blk.b * N, nq = blk.q_valid_end - blk.q_begin;
+        write_empty_rows(dists, idx, row0 + blk.q_valid_end, row0 + blk.q_end, K);
+        if (nq == 0) continue;
+        const scalar_t* pb = p1 + (row0 + blk.q_begin) * dim;
+        for (int64_t t = 0; t < nq * dim; ++t) queries[t] = static_cast<acc_t>(pb[t]);
+        std::fill(found, found + nq, int64_t(0));
+        int64_t open = nq;  // queries still short of K neighbours
+        for (int64_t r_begin = 0; r_begin < blk.m_valid && open > 0; r_begin += kRefTile) {
+          const int64_t nr = std::min(kRefTile, blk.m_valid - r_begin);
+          const scalar_t* rb = p2 + (blk.b * M + r_begin) * dim;
+          for (int64_t t = 0; t < nr * dim; ++t) refs[t] = static_cast<acc_t>(rb[t]);
+          for (int64_t q = 0; q < nq; ++q) {
+            if (found[q] == K) continue;
+            const acc_t* qp = queries.data() + q * dim;
+            const int64_t out = (row0 + blk.q_begin + q) * K;
+            for (int64_t j = 0; j < nr; ++j) {
+              const acc_t d = point_distance_any<D, Metric::kSquaredL2>(qp, refs.data() + j * dim, dim);
+              if (d < r2) {
+                dists[out + found[q]] = static_cast<scalar_t>(d);
+                idx[out + found[q]] = r_begin + j;
+                if (++found[q] == K) {
+                  --open;
+                  break;
+                }
+              }
+            }
+          }
+        }
+        for (int64_t q = 0; q < nq; ++q) {
+          const int64_t out = (row0 + blk.q_begin + q) * K;
+          std::fill(dists + out + found[q], dists + out + K, scalar_t(0));
+          std::fill(idx + out + found[q], idx + out + K, int64_t(-1));
+        }
+      }
+    });
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> knn_points_cpu(const at::Tensor& p1, const at::Tensor& p2,
+                                                  const c10::optional<at::Tensor>& lengths1,
+                                                  const c10::optional<at::Tensor>& lengths2, int64_t K, int64_t norm) {
+  const auto [len1, len2] = check_knn_inputs(p1, p2, lengths1, lengths2, K, norm);
+  const Metric metric = metric_from_norm(norm);
+  if (K == 1) {  // the nearest-neighbour search itself: knn_points(K=1) is nearest_neighbor bit for bit
+    auto [dist, idx] = nearest_neighbor_direction_cpu(p1, p2, len1, len2, metric, /*zero_unmatched=*/true);
+    return {dist.unsqueeze(2), idx.unsqueeze(2)};
+  }
+  const int64_t B = p1.size(0), N = p1.size(1), M = p2.size(1), dim = p1.size(2);
+  auto dists = at::empty({B, N, K}, p1.options());
+  auto idx = at::empty({B, N, K}, p1.options().dtype(at::kLong));
+  if (B * N == 0) return {dists, idx};
+  if (M == 0) return {dists.zero_(), idx.fill_(-1)};
+  const auto q = p1.contiguous(), r = p2.contiguous();
+  const int64_t* l1 = len1.defined() ? len1.data_ptr<int64_t>() : nullptr;
+  const int64_t* l2 = len2.defined() ? len2.data_ptr<int64_t>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p1.scalar_type(), "knn_points_cpu", [&] {
+    dispatch_metric(metric, [&](auto metric_tag) {
+      dispatch_dim(dim, [&](auto dim_tag) {
+        knn_cpu_kernel<decltype(dim_tag)::value, decltype(metric_tag)::value, scalar_t>(
+            q.data_ptr<scalar_t>(), r.data_ptr<scalar_t>(), l1, l2, B, N, M, dim, K, dists.data_ptr<scalar_t>(),
+            idx.data_ptr<int64_t>());
+      });
+    });
+  });
+  return {dists, idx};
+}
+
+std::tuple<at::Tensor, at::Tensor> ball_query_cpu(const at::Tensor& p1, const at::Tensor& p2,
+                                                  const c10::optional<at::Tensor>& lengths1,
+                                                  const c10::optional<at::Tensor>& lengths2, int64_t K, double radius) {
+  const auto [len1, len2] = check_ball_query_inputs(p1, p2, lengths1, lengths2, K, radius);
+  const int64_t B = p1.size(0), N = p1.size(1), M = p2.size(1), dim = p1.size(2);
+  auto dists = at::empty({B, N, K}, p1.options());
+  auto idx = at::empty({B, N, K}, p1.options().dtype(at::kLong));
+  if (B * N == 0) return {dists, idx};
+  const auto q = p1.contiguous(), r = p2.contiguous();
+  const int64_t* l1 = len1.defined() ? len1.data_ptr<int64_t>() : nullptr;
+  const int64_t* l2 = len2.defined() ? len2.data_ptr<int64_t>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p1.scalar_type(), "ball_query_cpu", [&] {
+    dispatch_dim(dim, [&](auto dim_tag) {
+      ball_query_cpu_kernel<decltype(dim_tag)::value, scalar_t>(q.data_ptr<scalar_t>(), r.data_ptr<scalar_t>(), l1,
+                                                                l2, B, N, M, dim, K, radius,
+                                                                dists.data_ptr<scalar_t>(), idx.data_ptr<int64_t>());
+    });
+  });
+  return {dists, idx};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pointops, CPU, m) {
+  m.impl("knn_points", &knn_points_cpu);
+  m.impl("ball_query", &ball_query_cpu);
+}
+
+}  // namespace pointops
