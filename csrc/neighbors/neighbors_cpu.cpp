@@ -44,6 +44,46 @@ void write_empty_rows(scalar_t* dists, int64_t* idx, int64_t row_from, int64_t r
   std::fill(idx + row_from * K, idx + row_to * K, int64_t(-1));
 }
 
+// A tile of reference points converted to acc_t and stored coordinate-major (tile[c * kRefTile + j])
+// so that the distance loop below runs across points in vector lanes.
+template <typename scalar_t, typename acc_t>
+void load_tile(const scalar_t* points, int64_t count, int64_t dim, acc_t* tile) {
+  for (int64_t j = 0; j < count; ++j) {
+    for (int64_t c = 0; c < dim; ++c) tile[c * kRefTile + j] = static_cast<acc_t>(points[j * dim + c]);
+  }
+}
+
+// out[j] = distance(query, tile point j) for j < count, with point_distance's operations in its
+// order (bit for bit the same value), vectorised across j.
+template <int D, Metric metric, typename acc_t>
+C10_ALWAYS_INLINE void tile_distances(const acc_t* query, const acc_t* __restrict tile, int64_t count, int64_t dim,
+                                      acc_t* __restrict out) {
+  if constexpr (D > 0) {
+    for (int64_t j = 0; j < count; ++j) {
+      acc_t d = coordinate_term<metric>(query[0] - tile[j]);
+#pragma GCC unroll 4
+      for (int c = 1; c < D; ++c) d = add_coordinate_term<metric>(query[c] - tile[c * kRefTile + j], d);
+      out[j] = d;
+    }
+  } else {
+    for (int64_t j = 0; j < count; ++j) out[j] = coordinate_term<metric>(query[0] - tile[j]);
+    for (int64_t c = 1; c < dim; ++c) {
+      const acc_t* __restrict coordinate = tile + c * kRefTile;
+      for (int64_t j = 0; j < count; ++j) out[j] = add_coordinate_term<metric>(query[c] - coordinate[j], out[j]);
+    }
+  }
+}
+
+// Whether any of values[0, count) is below `bound` (NaN is not): a branch-free pass the compiler
+// vectorises, so that the scalar scan behind it runs only for the rare blocks holding a candidate.
+constexpr int64_t kScanBlock = 16;
+template <typename acc_t>
+C10_ALWAYS_INLINE bool any_below(const acc_t* __restrict values, int64_t count, acc_t bound) {
+  int below = 0;
+  for (int64_t j = 0; j < count; ++j) below |= values[j] < bound;
+  return below != 0;
+}
+
 // Each query keeps its L = min(K, M) best candidates sorted by (distance, index). References are
 // visited in increasing index order and a candidate enters only when strictly closer than the L-th
 // best, after any equal ones: ties keep the smaller index; NaN and +inf distances never enter. Row
@@ -55,7 +95,7 @@ void knn_cpu_kernel(const scalar_t* p1, const scalar_t* p2, const int64_t* lengt
   const int64_t blocks_per_batch = (N + kQueryBlock - 1) / kQueryBlock;
   const int64_t L = std::min(K, M);
   at::parallel_for(0, B * blocks_per_batch, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> queries(kQueryBlock * dim), refs(kRefTile * dim), best(kQueryBlock * L);
+    std::vector<acc_t> queries(kQueryBlock * dim), refs(kRefTile * dim), dist(kRefTile), best(kQueryBlock * L);
     std::vector<int64_t> best_idx(kQueryBlock * L);
     call_best_isa([&]() POINTOPS_CLONE_BODY {
       for (int64_t task = begin; task < end; ++task) {
@@ -69,22 +109,27 @@ void knn_cpu_kernel(const scalar_t* p1, const scalar_t* p2, const int64_t* lengt
         std::fill(best_idx.begin(), best_idx.begin() + nq * L, int64_t(-1));
         for (int64_t r_begin = 0; r_begin < blk.m_valid; r_begin += kRefTile) {
           const int64_t nr = std::min(kRefTile, blk.m_valid - r_begin);
-          const scalar_t* rb = p2 + (blk.b * M + r_begin) * dim;
-          for (int64_t t = 0; t < nr * dim; ++t) refs[t] = static_cast<acc_t>(rb[t]);
+          load_tile(p2 + (blk.b * M + r_begin) * dim, nr, dim, refs.data());
           for (int64_t q = 0; q < nq; ++q) {
-            const acc_t* qp = queries.data() + q * dim;
+            tile_distances<D, metric>(queries.data() + q * dim, refs.data(), nr, dim, dist.data());
             acc_t* bd = best.data() + q * L;
             int64_t* bi = best_idx.data() + q * L;
             acc_t kth = bd[L - 1];
-            for (int64_t j = 0; j < nr; ++j) {
-              const acc_t d = point_distance_any<D, metric>(qp, refs.data() + j * dim, dim);
-              if (d < kth) {
-                const int64_t pos = std::upper_bound(bd, bd + L, d) - bd;  // after equal distances
-                std::copy_backward(bd + pos, bd + L - 1, bd + L);
-                std::copy_backward(bi + pos, bi + L - 1, bi + L);
-                bd[pos] = d;
-                bi[pos] = r_begin + j;
-                kth = bd[L - 1];
+            for (int64_t j0 = 0; j0 < nr; j0 += kScanBlock) {
+              const int64_t j1 = std::min(j0 + kScanBlock, nr);
+              if (!any_below(dist.data() + j0, j1 - j0, kth)) continue;  // the common case, vectorised
+              for (int64_t j = j0; j < j1; ++j) {
+                const acc_t d = dist[j];
+                if (d < kth) {  // shift the larger entries up (not equal ones: they keep precedence)
+                  int64_t pos = L - 1;
+                  for (; pos > 0 && d < bd[pos - 1]; --pos) {
+                    bd[pos] = bd[pos - 1];
+                    bi[pos] = bi[pos - 1];
+                  }
+                  bd[pos] = d;
+                  bi[pos] = r_begin + j;
+                  kth = bd[L - 1];
+                }
               }
             }
           }
@@ -111,7 +156,7 @@ void ball_query_cpu_kernel(const scalar_t* p1, const scalar_t* p2, const int64_t
   const acc_t r2 = squared_radius<acc_t>(radius);
   const int64_t blocks_per_batch = (N + kQueryBlock - 1) / kQueryBlock;
   at::parallel_for(0, B * blocks_per_batch, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> queries(kQueryBlock * dim), refs(kRefTile * dim);
+    std::vector<acc_t> queries(kQueryBlock * dim), refs(kRefTile * dim), dist(kRefTile);
     int64_t found[kQueryBlock];
     call_best_isa([&]() POINTOPS_CLONE_BODY {
       for (int64_t task = begin; task < end; ++task) {
@@ -125,20 +170,22 @@ void ball_query_cpu_kernel(const scalar_t* p1, const scalar_t* p2, const int64_t
         int64_t open = nq;  // queries still short of K neighbours
         for (int64_t r_begin = 0; r_begin < blk.m_valid && open > 0; r_begin += kRefTile) {
           const int64_t nr = std::min(kRefTile, blk.m_valid - r_begin);
-          const scalar_t* rb = p2 + (blk.b * M + r_begin) * dim;
-          for (int64_t t = 0; t < nr * dim; ++t) refs[t] = static_cast<acc_t>(rb[t]);
+          load_tile(p2 + (blk.b * M + r_begin) * dim, nr, dim, refs.data());
           for (int64_t q = 0; q < nq; ++q) {
             if (found[q] == K) continue;
-            const acc_t* qp = queries.data() + q * dim;
+            tile_distances<D, Metric::kSquaredL2>(queries.data() + q * dim, refs.data(), nr, dim, dist.data());
             const int64_t out = (row0 + blk.q_begin + q) * K;
-            for (int64_t j = 0; j < nr; ++j) {
-              const acc_t d = point_distance_any<D, Metric::kSquaredL2>(qp, refs.data() + j * dim, dim);
-              if (d < r2) {
-                dists[out + found[q]] = static_cast<scalar_t>(d);
-                idx[out + found[q]] = r_begin + j;
-                if (++found[q] == K) {
-                  --open;
-                  break;
+            for (int64_t j0 = 0; j0 < nr && found[q] < K; j0 += kScanBlock) {
+              const int64_t j1 = std::min(j0 + kScanBlock, nr);
+              if (!any_below(dist.data() + j0, j1 - j0, r2)) continue;
+              for (int64_t j = j0; j < j1; ++j) {
+                if (dist[j] < r2) {
+                  dists[out + found[q]] = static_cast<scalar_t>(dist[j]);
+                  idx[out + found[q]] = r_begin + j;
+                  if (++found[q] == K) {
+                    --open;
+                    break;
+                  }
                 }
               }
             }
