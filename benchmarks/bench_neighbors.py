@@ -87,12 +87,7 @@ def timed(fn, budget_ms=3000.0):
     return time_ms(fn, warmup=0 if once > budget_ms else 3, repeat=repeat)
 
 
-def run(quick: bool = False) -> str:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    p3d = load_pytorch3d() if device == "cuda" else None
-    sections = []
-
-    # ---- knn_points
+def knn_section(quick, device, p3d):
     B, N = (2, 2048) if quick else ((8, 4096) if device == "cpu" else (8, 8192))
     p1, p2 = cloud(B, N, 1, device), cloud(B, N, 2, device)
     rows = []
@@ -109,7 +104,7 @@ def run(quick: bool = False) -> str:
             t_p3d = timed(lambda: pytorch3d_knn(p3d, p1, p2, K))
             row += [f"{t_p3d:.3f}", f"{t_p3d / t:.1f}x", f"{100 * agree:.2f}%"]
         rows.append(row)
-    header = ["B x N x M", "K", "pointops ms", "pairs/s", "torch ms", "vs torch", "max rel err (f64)"]
+    header = ["B x N x M", "K", "pointops ms", "pairs/s", "torch ms", "vs torch", "index check: max rel excess over f64 top-K"]
     if p3d is not None:
         header += ["PyTorch3D ms", "vs PyTorch3D", "same idx as PyTorch3D"]
     text = ("## knn_points\n\nUnit-cube clouds, float32, D = 3. torch: `cdist(p1, p2).pow(2).topk(K, largest=False)`, "
@@ -117,17 +112,17 @@ def run(quick: bool = False) -> str:
             "B N M / time. max rel err: pointops' K distances against a float64 brute force on 256 sampled queries. "
             "Index agreement with PyTorch3D is below 100% only where distances tie to float32 rounding (its sort is "
             "not stable; its distances are not fused multiply-adds).\n\n")
-    sections.append(text + markdown_table(header, rows))
-
-    # ---- CPU knn against the CPU nearest-neighbour kernel's pair rate
-    if device == "cpu":
+    text += markdown_table(header, rows)
+    if device == "cpu":  # against the CPU nearest-neighbour kernel's pair rate
         t_nn = timed(lambda: pointops.nearest_neighbor(p1, p2))
         t_knn = timed(lambda: pointops.knn_points(p1, p2, K=16))
-        sections.append(f"CPU: nearest_neighbor {B}x{N}x{N}: {t_nn:.1f} ms ({B * N * N / (t_nn * 1e-3):.2e} pairs/s); "
-                        f"knn_points K=16: {t_knn:.1f} ms ({B * N * N / (t_knn * 1e-3):.2e} pairs/s), "
-                        f"{t_knn / t_nn:.2f}x the NN time.")
+        text += (f"\n\nCPU: nearest_neighbor {B}x{N}x{N}: {t_nn:.1f} ms ({B * N * N / (t_nn * 1e-3):.2e} pairs/s); "
+                 f"knn_points K=16: {t_knn:.1f} ms ({B * N * N / (t_knn * 1e-3):.2e} pairs/s), "
+                 f"{t_knn / t_nn:.2f}x the NN time.")
+    return text
 
-    # ---- ball_query
+
+def ball_query_section(quick, device, p3d):
     B, N = (2, 2048) if quick or device == "cpu" else (8, 16384)
     p1, p2 = cloud(B, N, 3, device), cloud(B, N, 4, device)
     K, r = 64, 0.1
@@ -147,9 +142,10 @@ def run(quick: bool = False) -> str:
     text = ("## ball_query\n\nThe first K points within the radius, in index order (squared distance < r^2). torch: "
             "`cdist` mask and the K smallest indices inside, query-chunked (its distances use the matrix-product "
             "form, so a point at the boundary can fall on either side: agreement below 100% by that much).\n\n")
-    sections.append(text + markdown_table(header, [row]))
+    return text + markdown_table(header, [row])
 
-    # ---- sample_farthest_points
+
+def farthest_points_section(quick, device, p3d):
     cases = [(2, 4096, 256)] if quick or device == "cpu" else [(16, 65536, 4096), (1, 1 << 20, 16384)]
     rows = []
     for B, N, K in cases:
@@ -171,5 +167,11 @@ def run(quick: bool = False) -> str:
     text = ("## sample_farthest_points\n\nUnit-cube clouds, float32, start at point 0. torch: a Python loop of K - 1 "
             "(distance, minimum, argmax) steps over the batch. Equality: whole index rows (the first 512 samples "
             "for torch), which can part at a float32 near-tie of two maxima.\n\n")
-    sections.append(text + markdown_table(header, rows))
-    return "\n\n".join(sections)
+    return text + markdown_table(header, rows)
+
+
+def run(quick: bool = False, parts=("knn", "ball_query", "farthest_points")) -> str:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    p3d = load_pytorch3d() if device == "cuda" else None
+    sections = {"knn": knn_section, "ball_query": ball_query_section, "farthest_points": farthest_points_section}
+    return "\n\n".join(sections[part](quick, device, p3d) for part in parts)

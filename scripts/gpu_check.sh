@@ -5,8 +5,11 @@
 #   STAGES="build test sanitize bench ddp" scripts/gpu_check.sh     (default: all five)
 #   PYTEST_TARGETS=tests/test_chamfer.py PYTEST_K="cuda" BENCH_ARGS="--only chamfer" ...
 #   SANITIZE_TESTS=tests/test_particle_sum.py   (the tests run under memcheck; "none" skips them)
+#   SANITIZE_CASES="neighbors chamfer"   (families of scripts/sanitize_cases.py; default: all)
 #   DDP_ARGS="--time --steps 120 ..."   (examples/ddp_chamfer.py's arguments in the ddp stage)
-# Data for the data tests travels as .data/ (a copy of ../shared/data, git-ignored).
+# Data for the data tests travels as .data/ (a copy of ../shared/data, git-ignored). The peers'
+# CUDA sources (PyTorch3D, torch_cluster) travel as .peers/ (git-ignored; benchmarks/peers.py): when
+# present and the bench stage runs, they are built in the background while pointops builds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/pointops-out}
@@ -25,6 +28,13 @@ status=0
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/gpu.txt"
+
+peers_pid=""
+if stage bench && [ -f .peers/pytorch3d/binding.cpp ]; then
+  (cd benchmarks && python -c "import peers; print('peers built:', peers.load_pytorch3d() is not None)") \
+    >"$OUT/peers-build.log" 2>&1 &
+  peers_pid=$!
+fi
 
 stage_start=$(date +%s)
 elapsed() { echo "[$1 done at $(( $(date +%s) - stage_start )) s]"; }
@@ -50,7 +60,7 @@ fi
 
 if stage sanitize; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 python scripts/sanitize_cases.py >"$OUT/sanitize-$tool.log" 2>&1
+    compute-sanitizer --tool "$tool" --error-exitcode 9 python scripts/sanitize_cases.py ${SANITIZE_CASES:-} >"$OUT/sanitize-$tool.log" 2>&1
     rc=$?
     echo "compute-sanitizer $tool: rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1)"
     [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/sanitize-$tool.log"; }
@@ -67,6 +77,7 @@ if stage sanitize; then
 fi
 
 if stage bench; then
+  if [ -n "$peers_pid" ]; then wait "$peers_pid"; tail -2 "$OUT/peers-build.log"; fi
   python benchmarks/run.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null

@@ -1,8 +1,10 @@
 """Every CUDA kernel once, on small inputs, for compute-sanitizer (memcheck, racecheck, ...).
 
-    compute-sanitizer --tool racecheck python scripts/sanitize_cases.py
+    compute-sanitizer --tool racecheck python scripts/sanitize_cases.py [family ...]
 Exits non-zero if any output is wrong, so a sanitizer run also checks results.
 """
+import sys
+
 import torch
 
 import pointops
@@ -142,9 +144,70 @@ def strided_cases():
     print("strided cases ok")
 
 
+def neighbors_cases():
+    """knn_points on every CUDA path (K = 1 through the NN kernel, register lists of 8..64 with and
+    without reference splits and the merge, the any-D tile, the sort path for K > 64), ball_query with
+    and without splits, the (B, N, K) backward (atomic and deterministic), farthest point sampling on
+    one block, several and the whole grid, and the packed faces, each checked against the CPU."""
+    torch.manual_seed(0)
+
+    def same(got, ref, what):
+        for g, r in zip(got, ref):
+            assert torch.equal(g.cpu(), r), what
+
+    lengths = (torch.tensor([700, 0, 301], device="cuda"), torch.tensor([1, 530, 257], device="cuda"))
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        for dim in (2, 3, 7):
+            p1 = torch.randn(3, 700, dim, device="cuda", dtype=dtype)
+            p2 = torch.randn(3, 530, dim, device="cuda", dtype=dtype)
+            for K in (1, 5, 16, 40, 64, 100):
+                for norm in (1, 2):
+                    got = pointops.knn_points(p1, p2, *lengths, norm=norm, K=K)[:2]
+                    ref = pointops.knn_points(p1.cpu(), p2.cpu(), *(t.cpu() for t in lengths), norm=norm, K=K)[:2]
+                    same(got, ref, ("knn", dtype, dim, K, norm))
+            got = pointops.ball_query(p1, p2, *lengths, K=20, radius=0.8, return_nn=False)[:2]
+            ref = pointops.ball_query(p1.cpu(), p2.cpu(), *(t.cpu() for t in lengths), K=20, radius=0.8,
+                                      return_nn=False)[:2]
+            same(got, ref, ("ball", dtype, dim))
+    # one small cloud against a large one: reference splits and the merge kernels
+    p1, p2 = torch.rand(1, 300, 3, device="cuda"), torch.rand(1, 40_000, 3, device="cuda")
+    for K in (8, 33):
+        same(pointops.knn_points(p1, p2, K=K)[:2], pointops.knn_points(p1.cpu(), p2.cpu(), K=K)[:2], ("split", K))
+    same(pointops.ball_query(p1, p2, K=50, radius=0.05)[:2], pointops.ball_query(p1.cpu(), p2.cpu(), K=50, radius=0.05)[:2],
+         "ball split")
+    # backward over (B, N, K) indices, atomic and deterministic
+    a = torch.randn(2, 300, 3, device="cuda", requires_grad=True)
+    b = torch.randn(2, 400, 3, device="cuda", requires_grad=True)
+    for deterministic in (False, True):
+        torch.use_deterministic_algorithms(deterministic)
+        dists, _, nn = pointops.knn_points(a, b, K=12, return_nn=True)
+        (dists.sum() + nn.sum()).backward()
+        pointops.ball_query(a, b, K=30, radius=0.5)[0].sum().backward()
+    torch.use_deterministic_algorithms(False)
+    x, y = torch.rand(900, 3, device="cuda"), torch.rand(700, 3, device="cuda")
+    bx, by = torch.randint(0, 3, (900,), device="cuda"), torch.randint(0, 4, (700,), device="cuda")
+    assert torch.equal(pointops.knn(x, y, 6, bx, by).cpu(), pointops.knn(x.cpu(), y.cpu(), 6, bx.cpu(), by.cpu()))
+    assert torch.equal(pointops.radius(x, y, 0.2, bx, by).cpu(), pointops.radius(x.cpu(), y.cpu(), 0.2, bx.cpu(), by.cpu()))
+    empty = torch.zeros(2, 0, 3, device="cuda")
+    pointops.knn_points(empty, p2.expand(2, -1, -1), K=4)
+    pointops.knn_points(p1.expand(2, -1, -1), empty, K=4)
+    pointops.ball_query(empty, empty, K=4, radius=0.1)
+    # farthest points: one block, several blocks, the whole grid
+    for B, N, K in ((3, 500, 40), (2, 30_000, 300), (1, 400_000, 64)):
+        pts = torch.rand(B, N, 3, device="cuda")
+        same(pointops.sample_farthest_points(pts, K=K), pointops.sample_farthest_points(pts.cpu(), K=K), ("fps", N))
+    assert torch.equal(pointops.fps(x, bx, 0.3, random_start=False).cpu(),
+                       pointops.fps(x.cpu(), bx.cpu(), 0.3, random_start=False))
+    pointops.sample_farthest_points(empty, K=3)
+    torch.cuda.synchronize()
+    print("neighbors cases ok")
+
+
+CASES = {"chamfer": chamfer_cases, "voxelize": voxelize_cases, "particle_sum": particle_sum_cases,
+         "strided": strided_cases, "neighbors": neighbors_cases}
+
 if __name__ == "__main__":
-    chamfer_cases()
-    voxelize_cases()
-    particle_sum_cases()
-    strided_cases()
+    # python scripts/sanitize_cases.py [family ...]: the named families, or all of them
+    for name in sys.argv[1:] or CASES:
+        CASES[name]()
     torch.cuda.synchronize()

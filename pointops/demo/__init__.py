@@ -7,6 +7,8 @@ results and timings and (with matplotlib) saving a picture.
   against the torch chunked way (cdist + exp + matmul).
 * :mod:`.strided`: a small MLP written only with pointops.strided ops on non-contiguous views,
   checked against torch, with this machine's matmul and bandwidth figures.
+* :mod:`.neighbors`: a PointNet++ set-abstraction step (farthest point sampling, ball query,
+  grouping) and feature propagation (knn_interpolate), against the same job in plain torch.
 """
 from __future__ import annotations
 
@@ -15,16 +17,17 @@ import pathlib
 import torch
 
 from .chamfer import demo_chamfer
+from .neighbors import demo_neighbors
 from .particle_sum import demo_particle_sum
 from .strided import demo_strided
 from .voxelize import demo_voxelize
 
-__all__ = ["run_demo", "demo_chamfer", "demo_voxelize", "demo_particle_sum", "demo_strided"]
+__all__ = ["run_demo", "demo_chamfer", "demo_voxelize", "demo_particle_sum", "demo_strided", "demo_neighbors"]
 
 
 def run_demo(device: torch.device | str, outdir: pathlib.Path | str | None = None, steps: int = 200,
              points: int = 8192) -> None:
-    """Run the four demos in order on `device`; pictures go to `outdir` (None: no pictures).
+    """Run the five demos in order on `device`; pictures go to `outdir` (None: no pictures).
     `steps` and `points` size the Chamfer fit."""
     device = torch.device(device)
     outdir = None if outdir is None else pathlib.Path(outdir)
@@ -32,3 +35,7 @@ def run_demo(device: torch.device | str, outdir: pathlib.Path | str | None = Non
     demo_voxelize(device, outdir)
     demo_particle_sum(device, outdir)
     demo_strided(device, outdir)
+    if device.type == "cuda":
+        demo_neighbors(device, outdir)
+    else:  # the torch way's farthest-point loop is slow on a small CPU: a smaller job
+        demo_neighbors(device, outdir, batch=4, points=8192, centres=512)
