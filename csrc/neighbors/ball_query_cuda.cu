@@ -1,7 +1,9 @@
 // Ball query on CUDA: one thread per query scans the reference points in index order through
 // shared-memory tiles and keeps the first K whose squared distance is below radius^2. A group of 4
-// points is tested by its smallest distance first (most groups hold none). A block stops after the
-// first tile by which every one of its queries has K. Small batches split the reference cloud
+// points is tested by its smallest distance (most groups hold none); a group with a point inside is
+// noted in a per-thread queue and written out at the end of the tile, by all lanes at once, rather
+// than stalling the warp on each lane's find. A block stops after the first tile by which every one
+// of its queries has K. Small batches split the reference cloud
 // across blocks: each split keeps its own first K and a merge concatenates the splits in order up
 // to K, which is the first K in index order again.
 #include <ATen/Dispatch.h>
@@ -43,6 +45,7 @@ struct BallArgs {
 template <typename acc_t, int D>
 __global__ void __launch_bounds__(kThreads) ball_query_kernel(BallArgs<acc_t> a) {
   using Point = SharedPoint<acc_t, (D > 0 ? D : 1)>;
+  __shared__ uint8_t queue[kTile / kGroup * kThreads];  // groups with a point inside, per thread and tile
   __shared__ Point fixed_tile[D > 0 ? kTile : 1];
   extern __shared__ __align__(16) unsigned char any_dim_tile_bytes[];
   acc_t* any_dim_tile = reinterpret_cast<acc_t*>(any_dim_tile_bytes);
@@ -101,18 +104,20 @@ __global__ void __launch_bounds__(kThreads) ball_query_kernel(BallArgs<acc_t> a)
         }
       }
       __syncthreads();
-      if (valid) {
-        for (int g = 0; g < tile_points && found < a.K; g += kGroup) {
-          acc_t d[kGroup];
+      int queued = 0;
+      if (valid && found < a.K) {
+        for (int g = 0; g < tile_points / kGroup; ++g) {
+          const acc_t m = ::fmin(::fmin(distance_to(g * kGroup), distance_to(g * kGroup + 1)),
+                                 ::fmin(distance_to(g * kGroup + 2), distance_to(g * kGroup + 3)));  // drops NaN
+          if (m < a.r2) queue[queued++ * kThreads + threadIdx.x] = static_cast<uint8_t>(g);
+        }
+      }
+      for (int e = 0; e < queued && found < a.K; ++e) {
+        const int g = queue[e * kThreads + threadIdx.x];
 #pragma unroll
-          for (int u = 0; u < kGroup; ++u) d[u] = distance_to(g + u);
-          const acc_t m = ::fmin(::fmin(d[0], d[1]), ::fmin(d[2], d[3]));  // fmin drops NaN
-          if (m < a.r2) {
-#pragma unroll
-            for (int u = 0; u < kGroup; ++u) {
-              if (d[u] < a.r2 && found < a.K) emit(found++, d[u], tile_begin + g + u);
-            }
-          }
+        for (int u = 0; u < kGroup; ++u) {
+          const acc_t d = distance_to(g * kGroup + u);
+          if (d < a.r2 && found < a.K) emit(found++, d, tile_begin + g * kGroup + u);
         }
       }
       if (__syncthreads_and(!valid || found >= a.K)) break;

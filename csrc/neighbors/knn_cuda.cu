@@ -2,7 +2,8 @@
 //
 // K = 1 is the nearest-neighbour kernel itself (chamfer_cuda.cu). For 2 <= K <= 64 each thread owns
 // one query and keeps its best KP candidates (K rounded up to 8, 16, 32 or 64) in registers, sorted
-// by (distance, index). Reference points stream through shared memory in tiles. A group of 4
+// by (distance, index), starting from the split's first KP points sorted by a network. Reference
+// points stream through shared memory in tiles. A group of 4
 // points whose smallest distance beats the current KP-th best is noted in a per-thread queue (a
 // byte in shared memory) and the queue is drained at the end of the tile, by every lane of the warp
 // at once: inserting each candidate as it is found would serialise the warp on whichever lane found
@@ -67,6 +68,34 @@ __device__ __forceinline__ void insert_sorted(acc_t (&dist)[KP], int32_t (&idx)[
   }
 }
 
+// Sorts the list by (distance, index) with a bitonic network: a fixed sequence of compare-exchanges
+// whose indices are compile-time constants, so the list stays in registers and every lane of the
+// warp does the same work.
+template <int KP, typename acc_t>
+__device__ __forceinline__ void sort_list(acc_t (&dist)[KP], int32_t (&idx)[KP]) {
+#pragma unroll
+  for (int size = 2; size <= KP; size <<= 1) {
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+#pragma unroll
+      for (int i = 0; i < KP; ++i) {
+        const int partner = i ^ stride;
+        if (partner > i) {
+          const bool ascending = (i & size) == 0;
+          const bool greater = dist[i] > dist[partner] || (dist[i] == dist[partner] && idx[i] > idx[partner]);
+          const bool swap = greater == ascending;
+          const acc_t d = dist[i];
+          const int32_t j = idx[i];
+          dist[i] = swap ? dist[partner] : d;
+          idx[i] = swap ? idx[partner] : j;
+          dist[partner] = swap ? d : dist[partner];
+          idx[partner] = swap ? j : idx[partner];
+        }
+      }
+    }
+  }
+}
+
 // One query's K slots of the output: the list's entries, then (0, -1) where there is none.
 template <int KP, typename acc_t>
 __device__ __forceinline__ void write_row(const KnnArgs<acc_t>& a, int64_t row, const acc_t (&dist)[KP],
@@ -121,6 +150,7 @@ __global__ void __launch_bounds__(kThreads) knn_search_kernel(KnnArgs<acc_t> a) 
 
   // Block-uniform: no valid query in this block, or nothing to search in this split.
   if (chunk * kThreads < n_valid && m_begin < m_end) {
+    int first_group = -1;  // -1: the list is not started yet
     for (int64_t tile_begin = m_begin; tile_begin < m_end; tile_begin += tile_points) {
       __syncthreads();  // the previous tile is no longer read
       // Past the split: +inf is never below any candidate, so it is never listed.
@@ -141,19 +171,44 @@ __global__ void __launch_bounds__(kThreads) knn_search_kernel(KnnArgs<acc_t> a) 
         }
       }
       __syncthreads();
+      if (first_group < 0) {
+        // The list starts as the first points of the split, sorted by a network: inserting them one
+        // by one would cost every lane KP insertions, more than the rest of the scan's insertions.
+        const int warm = min(KP, tile_points);
+#pragma unroll
+        for (int k = 0; k < KP; ++k) {
+          const acc_t d = k < warm && valid ? distance_to(k) : std::numeric_limits<acc_t>::infinity();
+          const bool listed = d < std::numeric_limits<acc_t>::infinity();  // NaN and +inf never are
+          best[k] = listed ? d : std::numeric_limits<acc_t>::infinity();
+          best_idx[k] = listed ? static_cast<int32_t>(tile_begin + k) : -1;
+        }
+        sort_list<KP>(best, best_idx);
+        first_group = warm / kGroup;
+      }
       int queued = 0;
-      for (int g = 0; g < groups; ++g) {
+      for (int g = first_group; g < groups; ++g) {
         acc_t m = distance_to(g * kGroup);
 #pragma unroll
         for (int u = 1; u < kGroup; ++u) m = ::fmin(m, distance_to(g * kGroup + u));  // fmin drops NaN
         if (valid && m < best[KP - 1]) queue[queued++ * kThreads + threadIdx.x] = static_cast<uint8_t>(g);
       }
+      first_group = 0;
       for (int e = 0; e < queued; ++e) {
         const int g = queue[e * kThreads + threadIdx.x];
+        acc_t d[kGroup];
+        unsigned pending = 0;
 #pragma unroll
         for (int u = 0; u < kGroup; ++u) {
-          const acc_t d = distance_to(g * kGroup + u);
-          if (d < best[KP - 1]) insert_sorted<KP>(best, best_idx, d, static_cast<int32_t>(tile_begin + g * kGroup + u));
+          d[u] = distance_to(g * kGroup + u);
+          pending |= static_cast<unsigned>(d[u] < best[KP - 1]) << u;
+        }
+        // One insertion per step for every lane that has a candidate left (in index order), rather
+        // than one per group member whenever any lane's member qualifies.
+        while (pending != 0) {
+          const int u = __ffs(pending) - 1;
+          pending &= pending - 1;
+          const acc_t du = u == 0 ? d[0] : (u == 1 ? d[1] : (u == 2 ? d[2] : d[3]));
+          if (du < best[KP - 1]) insert_sorted<KP>(best, best_idx, du, static_cast<int32_t>(tile_begin + g * kGroup + u));
         }
       }
     }
