@@ -96,6 +96,8 @@ def _check_points(x, y, x_name: str = "x", y_name: str = "y") -> None:
 def _edges(idx_rows: Tensor, x_clouds: "_Clouds", y_clouds: "_Clouds") -> Tensor:
     """(2, E) edges from (Ny, K) neighbour slots (-1: none): row 0 the y index, row 1 the x index,
     rows ascending and each row's neighbours in the search's order."""
+    if x_clouds.largest == 0:  # no x point at all: nothing to index (and nothing was found)
+        return torch.empty(2, 0, dtype=torch.int64, device=idx_rows.device)
     cols = x_clouds.index[y_clouds.batch[:, None], idx_rows.clamp(min=0)]
     mask = idx_rows >= 0
     rows = torch.arange(idx_rows.shape[0], device=idx_rows.device)[:, None].expand_as(idx_rows)
