@@ -192,9 +192,11 @@ def neighbors_cases():
     pointops.knn_points(empty, p2.expand(2, -1, -1), K=4)
     pointops.knn_points(p1.expand(2, -1, -1), empty, K=4)
     pointops.ball_query(empty, empty, K=4, radius=0.1)
-    # farthest points: one block, several blocks, the whole grid
-    for B, N, K in ((3, 500, 40), (2, 30_000, 300), (1, 400_000, 64)):
-        pts = torch.rand(B, N, 3, device="cuda")
+    # farthest points: one block; a cluster with points past the register part; the whole grid, with
+    # and without points past shared memory (D = 1000)
+    for B, N, D, K in ((3, 500, 3, 40), (2, 30_000, 3, 300), (1, 100_000, 3, 50), (1, 400_000, 3, 64),
+                       (1, 9000, 1000, 20)):
+        pts = torch.rand(B, N, D, device="cuda")
         same(pointops.sample_farthest_points(pts, K=K), pointops.sample_farthest_points(pts.cpu(), K=K), ("fps", N))
     assert torch.equal(pointops.fps(x, bx, 0.3, random_start=False).cpu(),
                        pointops.fps(x.cpu(), bx.cpu(), 0.3, random_start=False))
