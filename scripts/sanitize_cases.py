@@ -160,7 +160,7 @@ def neighbors_cases():
         for dim in (2, 3, 7):
             p1 = torch.randn(3, 700, dim, device="cuda", dtype=dtype)
             p2 = torch.randn(3, 530, dim, device="cuda", dtype=dtype)
-            for K in (1, 5, 16, 40, 64, 100):
+            for K in (1, 5, 16, 40, 100):
                 for norm in (1, 2):
                     got = pointops.knn_points(p1, p2, *lengths, norm=norm, K=K)[:2]
                     ref = pointops.knn_points(p1.cpu(), p2.cpu(), *(t.cpu() for t in lengths), norm=norm, K=K)[:2]

@@ -708,7 +708,7 @@ def with_non_finite(p1, p2):
     p1[0, 3, 1] = float("nan")
     p1[0, 4, 0] = float("inf")
     p2[0, 5] = float("nan")
-    p2[0, 6, 2] = float("-inf")
+    p2[0, 6, min(2, p2.shape[2] - 1)] = float("-inf")
     p2[0, 300:310, 0] = float("inf")
     return p1, p2
 

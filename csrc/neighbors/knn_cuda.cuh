@@ -1,0 +1,49 @@
+// knn_points on CUDA: what the launcher (knn_cuda.cu) and the register-list kernels share. The
+// kernels are instantiated in one file per list length (knn_cuda_list{8,16,32,64}.cu) so that the
+// heavily unrolled variants compile in parallel.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "neighbors/neighbors.h"
+
+namespace pointops {
+namespace knn_cuda {
+
+constexpr int kThreads = 128;
+constexpr int kTile = 256;                      // reference points per shared-memory tile (D = 2, 3)
+constexpr int kGroup = 4;                       // reference points per queue entry
+constexpr int kMaxGroups = kTile / kGroup;      // queue entries per thread and tile: a byte each
+constexpr int kMaxTileBytes = 32 * 1024;        // the any-D tile
+
+template <typename acc_t>
+struct KnnArgs {
+  const acc_t* p1;           // (B, N, dim), contiguous
+  const acc_t* p2;           // (B, M, dim)
+  const int64_t* lengths1;   // (B,) or nullptr
+  const int64_t* lengths2;
+  int64_t B, N, M, dim, K;
+  int64_t chunks, split_len, splits;  // SearchPlan
+  int tile_points;           // points per tile (a multiple of kGroup)
+  acc_t* dists;              // (B, N, K): written by the search when splits == 1, else by the merge
+  int64_t* idx;
+  acc_t* part_dist;          // (splits, KP, B * N) candidate lists of the splits
+  int32_t* part_idx;
+};
+
+// The largest K searched with register lists: float64 lists of 32 or 64 would spill (and compile
+// slowly); float64 is the accuracy path, and a larger K sorts rows instead.
+template <typename acc_t>
+constexpr int64_t max_register_k() {
+  return sizeof(acc_t) == 8 ? 16 : kMaxRegisterK;
+}
+
+// The register-list search for lists of KP candidates (2 <= K <= KP), with the merge of the
+// reference splits: writes a.dists / a.idx. Defined in knn_cuda_lists.cuh, instantiated per KP.
+template <typename acc_t, int KP>
+void run_register_lists(KnnArgs<acc_t>& a, Metric metric, const at::Tensor& dists);
+
+}  // namespace knn_cuda
+}  // namespace pointops

@@ -1,0 +1,9 @@
+// knn_points' register-list kernels for lists of 8 candidates (see knn_cuda_lists.cuh).
+#include "neighbors/knn_cuda_lists.cuh"
+
+namespace pointops {
+namespace knn_cuda {
+POINTOPS_KNN_LIST_LENGTH_FLOAT(8)
+POINTOPS_KNN_LIST_LENGTH_DOUBLE(8)
+}  // namespace knn_cuda
+}  // namespace pointops
