@@ -146,7 +146,7 @@ def strided_cases():
 
 def neighbors_cases():
     """knn_points on every CUDA path (K = 1 through the NN kernel, register lists of 8..64 with and
-    without reference splits and the merge, the any-D tile, the sort path for K > 64), ball_query with
+    without reference splits and the merge, in spatial order, the any-D tile, the sort path for K > 64), ball_query with
     and without splits, the (B, N, K) backward (atomic and deterministic), farthest point sampling on
     one block, several and the whole grid, and the packed faces, each checked against the CPU."""
     torch.manual_seed(0)
@@ -175,6 +175,13 @@ def neighbors_cases():
         same(pointops.knn_points(p1, p2, K=K)[:2], pointops.knn_points(p1.cpu(), p2.cpu(), K=K)[:2], ("split", K))
     same(pointops.ball_query(p1, p2, K=50, radius=0.05)[:2], pointops.ball_query(p1.cpu(), p2.cpu(), K=50, radius=0.05)[:2],
          "ball split")
+    # the spatial order (chosen at this size): sorted tiles, skipped tiles, ragged lengths, D = 2, 3
+    for dim in (2, 3):
+        q, r = torch.rand(2, 3000, dim, device="cuda"), torch.rand(2, 4100, dim, device="cuda")
+        lens = (torch.tensor([3000, 17], device="cuda"), torch.tensor([2500, 4100], device="cuda"))
+        for K in (8, 33, 64):
+            same(pointops.knn_points(q, r, *lens, K=K)[:2],
+                 pointops.knn_points(q.cpu(), r.cpu(), *(t.cpu() for t in lens), K=K)[:2], ("spatial", dim, K))
     # backward over (B, N, K) indices, atomic and deterministic
     a = torch.randn(2, 300, 3, device="cuda", requires_grad=True)
     b = torch.randn(2, 400, 3, device="cuda", requires_grad=True)

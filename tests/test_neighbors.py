@@ -737,6 +737,62 @@ def test_cuda_knn_points_matches_cpu_bitwise(dtype, dim):
                 assert torch.equal(gpu[0].cpu(), cpu[0]), (B, N, M, norm, K)
 
 
+def spatial_cases(dim, dtype, seed):
+    """Clouds for the spatial order (D = 2, 3): uniform with ragged lengths (one cloud empty, one of
+    a single point) and non-finite points; far from the origin (LiDAR coordinates); clustered, with
+    exact ties (integer lattice, every point of p2 present several times); degenerate (every point
+    equal; every point on a line)."""
+    g = torch.Generator().manual_seed(seed)
+    p1, p2 = with_non_finite(*clouds(4, 700, 2600, dim, dtype, "cpu", seed=seed))
+    yield p1, p2, torch.tensor([700, 1, 0, 650]), torch.tensor([2600, 2049, 1, 0])
+    far = torch.tensor([3.0e4, -1.2e4, 75.0][:dim])
+    p1, p2 = clouds(2, 900, 3000, dim, torch.float64, "cpu", seed=seed + 1, scale=40.0)
+    yield (p1 + far).to(dtype), (p2 + far).to(dtype), None, None
+    p1, p2 = lattice_clouds(2, 800, 1600, dim, dtype, "cpu", seed=seed + 2, low=-3, high=3)
+    p2 = torch.cat([p2, p2.flip(1)], 1)[:, torch.randperm(2 * p2.shape[1], generator=g)]
+    yield p1, p2, None, None
+    same = torch.full((1, 2500, dim), 0.5, dtype=dtype)
+    yield same[:, :600], same, None, None
+    line = torch.linspace(-1, 1, 2500, dtype=torch.float64)[:, None] * torch.ones(dim, dtype=torch.float64)
+    yield line[None, torch.randperm(2500, generator=g)[:700]].to(dtype), line[None].to(dtype), None, None
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("dim", [2, 3])
+def test_cuda_knn_spatial_order_matches_cpu_bitwise(dtype, dim, monkeypatch):
+    # The spatial order (forced: the launcher chooses it for M >= 2048 only) visits points in another
+    # order and skips boxes of points: the answers must not change. It exists for float32 compute
+    # (float16 computes in float32) and K > 16: the other K and float64 run in index order here.
+    for order in ("1", "0"):
+        monkeypatch.setenv("POINTOPS_KNN_SPATIAL", order)
+        for p1, p2, l1, l2 in spatial_cases(dim, dtype, seed=90 + dim):
+            gpu_args = [t.cuda() if t is not None else None for t in (p1, p2, l1, l2)]
+            for norm in (1, 2):
+                for K in (2, 9, 16, 33, 64):
+                    cpu = torch.ops.pointops.knn_points(p1, p2, l1, l2, K, norm)
+                    gpu = torch.ops.pointops.knn_points(*gpu_args, K, norm)
+                    assert torch.equal(gpu[1].cpu(), cpu[1]), (order, p2.shape, norm, K)
+                    assert torch.equal(gpu[0].cpu(), cpu[0]), (order, p2.shape, norm, K)
+
+
+@requires_cuda
+def test_cuda_knn_spatial_order_at_benchmark_scale():
+    # The automatic choice at a training size (spatial order for K > 16), against the index order
+    # and, on sampled queries, against the float64 oracle.
+    g = torch.Generator(device="cuda").manual_seed(5)
+    p1, p2 = torch.rand(3, 8192, 3, generator=g, device="cuda"), torch.rand(3, 8192, 3, generator=g, device="cuda")
+    for K in (16, 33, 64):
+        auto = torch.ops.pointops.knn_points(p1, p2, None, None, K, 2)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("POINTOPS_KNN_SPATIAL", "0")
+            index_order = torch.ops.pointops.knn_points(p1, p2, None, None, K, 2)
+        assert torch.equal(auto[1], index_order[1]) and torch.equal(auto[0], index_order[0])
+        rows = torch.arange(0, 8192, 97)
+        cand = candidates(p1[:, rows], p2)
+        check_knn(auto[0][:, rows], auto[1][:, rows], cand, K, torch.float32, 3)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim", [2, 3, 7])
@@ -771,8 +827,11 @@ def test_cuda_large_k_and_wide_points_match_the_oracle():
 
 
 @requires_cuda
-def test_cuda_graph_capture_and_replay():
-    # No lengths (checking them costs a host copy): nothing else in these ops syncs with the host.
+@pytest.mark.parametrize("spatial", ["0", "1"])
+def test_cuda_graph_capture_and_replay(spatial, monkeypatch):
+    # No lengths (checking them costs a host copy): nothing else in these ops syncs with the host,
+    # the spatial order's sorts included.
+    monkeypatch.setenv("POINTOPS_KNN_SPATIAL", spatial)
     g = torch.Generator().manual_seed(21)
     p1 = torch.randn(2, 500, 3, generator=g).cuda().requires_grad_()
     p2 = torch.randn(2, 700, 3, generator=g).cuda().requires_grad_()
@@ -780,11 +839,12 @@ def test_cuda_graph_capture_and_replay():
 
     def step():
         knn = pointops.knn_points(p1, p2, K=16)
+        mid = pointops.knn_points(p1, p2, K=40)  # spatial order where forced
         far = pointops.knn_points(p1, p2, K=80)  # the sort path
         ball = pointops.ball_query(p1, p2, K=16, radius=0.4, return_nn=False)
-        loss = (knn.dists * w).sum() + far.dists.sum() + (ball.dists * w).sum()
+        loss = (knn.dists * w).sum() + mid.dists.sum() + far.dists.sum() + (ball.dists * w).sum()
         grad1, grad2 = torch.autograd.grad(loss, (p1, p2))
-        return knn.dists, knn.idx, far.dists, far.idx, ball.dists, ball.idx, grad1, grad2
+        return knn.dists, knn.idx, mid.dists, mid.idx, far.dists, far.idx, ball.dists, ball.idx, grad1, grad2
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -804,10 +864,10 @@ def test_cuda_graph_capture_and_replay():
         graph.replay()
         torch.cuda.synchronize()
         expected = step()
-        for got, want in zip(captured[:7], expected[:7]):  # grad1 is written per query: deterministic
+        for got, want in zip(captured[:9], expected[:9]):  # grad1 is written per query: deterministic
             assert torch.equal(got, want)
         # grad2 is scattered with float atomics (any order): equal to rounding
-        torch.testing.assert_close(captured[7], expected[7], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(captured[9], expected[9], rtol=1e-5, atol=1e-5)
     assert not torch.equal(captured[1], first_idx)  # the replay recomputed
 
 

@@ -5,17 +5,33 @@
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <limits>
 
 #include "common/cuda_utils.cuh"
 #include "neighbors/knn_cuda.cuh"
 #include "neighbors/neighbors.h"
+#include "neighbors/spatial_order_cuda.cuh"
 
 namespace pointops {
 namespace knn_cuda {
 namespace {
 
 constexpr int64_t kSortChunkElements = int64_t(1) << 25;  // distances per chunk of the sort path
+// The spatial order costs a few launches and two segmented sorts (tens of microseconds): it pays
+// once a cloud has this many reference points and the batch this many queries.
+constexpr int64_t kSpatialMinRefs = 2048;
+constexpr int64_t kSpatialMinQueries = 2048;
+
+// Whether a register-list search that has a spatial variant (has_spatial_search) runs in spatial
+// order: POINTOPS_KNN_SPATIAL=0 / 1 forces index / spatial order (D = 2, 3), for tests and
+// benchmarks; unset, the sizes decide.
+bool use_spatial_order(int64_t B, int64_t N, int64_t M, int64_t dim) {
+  if ((dim != 2 && dim != 3) || M == 0) return false;
+  const char* forced = std::getenv("POINTOPS_KNN_SPATIAL");
+  if (forced != nullptr && forced[0] != '\0') return forced[0] != '0';
+  return M >= kSpatialMinRefs && B * N >= kSpatialMinQueries;
+}
 
 // The sort path: distances of rows [row_begin, row_begin + rows) of the flattened (B * N) queries to
 // every reference point, +inf where there is no candidate (padding, NaN, +inf). -0 (an L1 distance
@@ -118,6 +134,17 @@ std::tuple<at::Tensor, at::Tensor> knn_points_cuda(const at::Tensor& p1, const a
       if (!registers) {
         knn_sort_path<acc_t>(a, metric, dists, idx);
         return;
+      }
+      SpatialOrder order;  // kept alive until the search is queued
+      if (has_spatial_search<acc_t>(K) && use_spatial_order(B, N, M, dim)) {
+        order = spatial_order_cuda(q, r, len1, len2, kBoxPoints);
+        a.p2 = order.refs.data_ptr<acc_t>();
+        a.query_perm = order.query_perm.data_ptr<int64_t>();
+        a.query_keys = order.query_keys.data_ptr<int32_t>();
+        a.ref_keys = order.ref_keys.data_ptr<int32_t>();
+        a.ref_index = order.ref_index.data_ptr<int32_t>();
+        a.box_bounds = order.box_bounds.data_ptr<acc_t>();
+        a.boxes = order.box_bounds.size(1);
       }
       run_register_lists_for<acc_t>(a, metric, dists);
     });

@@ -3,6 +3,7 @@
 
 namespace pointops {
 namespace knn_cuda {
+POINTOPS_KNN_SPATIAL_SEARCHES(extern, 32)
 POINTOPS_KNN_LIST_LENGTH_FLOAT(32)
 }  // namespace knn_cuda
 }  // namespace pointops

@@ -1,0 +1,8 @@
+// knn_points' spatial-order searches for lists of 32 candidates (see knn_cuda_lists.cuh).
+#include "neighbors/knn_cuda_lists.cuh"
+
+namespace pointops {
+namespace knn_cuda {
+POINTOPS_KNN_SPATIAL_SEARCHES(, 32)
+}  // namespace knn_cuda
+}  // namespace pointops
