@@ -1,12 +1,13 @@
 // knn_points on CUDA: the launcher. K = 1 is the nearest-neighbour kernel itself (chamfer_cuda.cu);
 // 2 <= K <= 64 keeps each query's candidates in registers (knn_cuda_lists.cuh); K > 64, or points
-// too wide for a shared-memory tile, computes whole rows of distances and sorts them stably, a
-// chunk of queries at a time: slower, but exact and with the same tie rule.
+// too wide for a shared-memory tile, computes whole rows of distances, a chunk of queries at a
+// time, and selects the K smallest (float32: topk of (distance, index) keys; float64: a stable
+// sort): slower, but exact and with the same tie rule.
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
-#include <cstdlib>
 #include <limits>
+#include <type_traits>
 
 #include "common/cuda_utils.cuh"
 #include "neighbors/knn_cuda.cuh"
@@ -18,27 +19,13 @@ namespace knn_cuda {
 namespace {
 
 constexpr int64_t kSortChunkElements = int64_t(1) << 25;  // distances per chunk of the sort path
-// The spatial order costs a few launches and two segmented sorts (tens of microseconds): it pays
-// once a cloud has this many reference points and the batch this many queries.
-constexpr int64_t kSpatialMinRefs = 2048;
-constexpr int64_t kSpatialMinQueries = 2048;
-
-// Whether a register-list search that has a spatial variant (has_spatial_search) runs in spatial
-// order: POINTOPS_KNN_SPATIAL=0 / 1 forces index / spatial order (D = 2, 3), for tests and
-// benchmarks; unset, the sizes decide.
-bool use_spatial_order(int64_t B, int64_t N, int64_t M, int64_t dim) {
-  if ((dim != 2 && dim != 3) || M == 0) return false;
-  const char* forced = std::getenv("POINTOPS_KNN_SPATIAL");
-  if (forced != nullptr && forced[0] != '\0') return forced[0] != '0';
-  return M >= kSpatialMinRefs && B * N >= kSpatialMinQueries;
-}
-
 // The sort path: distances of rows [row_begin, row_begin + rows) of the flattened (B * N) queries to
 // every reference point, +inf where there is no candidate (padding, NaN, +inf). -0 (an L1 distance
 // of signed zero differences) is stored as +0, which compares equal: the radix sort would order
-// the two.
-template <typename acc_t, Metric metric>
-__global__ void knn_distance_rows_kernel(KnnArgs<acc_t> a, int64_t row_begin, int64_t rows, acc_t* out) {
+// the two. float32 rows are written as int64 keys, the distance's bits above the index: the bits
+// of a float >= +0 order as the float does, so the keys order by (distance, index) and are unique.
+template <typename acc_t, Metric metric, typename out_t>
+__global__ void knn_distance_rows_kernel(KnnArgs<acc_t> a, int64_t row_begin, int64_t rows, out_t* out) {
   const int64_t total = rows * a.M;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -51,9 +38,15 @@ __global__ void knn_distance_rows_kernel(KnnArgs<acc_t> a, int64_t row_begin, in
       d = point_distance_dynamic<metric>(a.p1 + row * a.dim, a.p2 + (b * a.M + j) * a.dim, a.dim);
       d = d < std::numeric_limits<acc_t>::infinity() ? d + acc_t(0) : std::numeric_limits<acc_t>::infinity();
     }
-    out[e] = d;
+    if constexpr (std::is_same_v<out_t, int64_t>) {
+      out[e] = (static_cast<int64_t>(__float_as_uint(d)) << 32) | j;
+    } else {
+      out[e] = d;
+    }
   }
 }
+
+constexpr uint32_t kInfinityBits = 0x7F800000u;  // +inf as float32 bits
 
 template <typename acc_t>
 void knn_sort_path(KnnArgs<acc_t>& a, Metric metric, const at::Tensor& dists, const at::Tensor& idx) {
@@ -62,23 +55,36 @@ void knn_sort_path(KnnArgs<acc_t>& a, Metric metric, const at::Tensor& dists, co
   dists.zero_();
   idx.fill_(-1);
   if (L == 0) return;
+  // float32: one int64 key per pair and topk (a selection, not a sort of whole rows); float64
+  // distances do not fit a key beside the index, so their rows are sorted stably.
+  constexpr bool kKeys = std::is_same_v<acc_t, float>;
+  using row_t = std::conditional_t<kKeys, int64_t, acc_t>;
   const int64_t rows_per_chunk = std::max<int64_t>(1, kSortChunkElements / a.M);
-  auto rows_buffer = at::empty({std::min(rows_per_chunk, queries), a.M}, dists.options());
+  auto rows_buffer = at::empty({std::min(rows_per_chunk, queries), a.M}, dists.options().dtype(c10::CppTypeToScalarType<row_t>::value));
   auto flat_dists = dists.view({queries, a.K}), flat_idx = idx.view({queries, a.K});
   for (int64_t row_begin = 0; row_begin < queries; row_begin += rows_per_chunk) {
     const int64_t rows = std::min(rows_per_chunk, queries - row_begin);
     auto chunk = rows_buffer.narrow(0, 0, rows);
-    acc_t* chunk_data = chunk.template data_ptr<acc_t>();
+    row_t* chunk_data = chunk.template data_ptr<row_t>();
     dispatch_metric(metric, [&](auto metric_tag) {
-      knn_distance_rows_kernel<acc_t, decltype(metric_tag)::value>
+      knn_distance_rows_kernel<acc_t, decltype(metric_tag)::value, row_t>
           <<<grid_for(rows * a.M, 256), 256, 0, stream>>>(a, row_begin, rows, chunk_data);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
-    // Stable: equal distances keep increasing index order (the tie rule of the other paths).
-    auto [values, order] = at::sort(chunk, /*stable=*/true, /*dim=*/1, /*descending=*/false);
-    values = values.narrow(1, 0, L);
-    order = order.narrow(1, 0, L);
-    const auto none = values == std::numeric_limits<acc_t>::infinity();
+    at::Tensor values, order, none;
+    if constexpr (kKeys) {
+      const auto top = std::get<0>(at::topk(chunk, L, /*dim=*/1, /*largest=*/false, /*sorted=*/true));
+      const auto bits = top.bitwise_right_shift(32);
+      none = bits == static_cast<int64_t>(kInfinityBits);
+      values = bits.to(at::kInt).view(at::kFloat);
+      order = top.bitwise_and(int64_t(0xFFFFFFFF));
+    } else {
+      // Stable: equal distances keep increasing index order (the tie rule of the other paths).
+      std::tie(values, order) = at::sort(chunk, /*stable=*/true, /*dim=*/1, /*descending=*/false);
+      values = values.narrow(1, 0, L);
+      order = order.narrow(1, 0, L);
+      none = values == std::numeric_limits<acc_t>::infinity();
+    }
     flat_dists.narrow(0, row_begin, rows).narrow(1, 0, L).copy_(values.masked_fill(none, 0));
     flat_idx.narrow(0, row_begin, rows).narrow(1, 0, L).copy_(order.masked_fill(none, -1));
   }

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 namespace pointops {
 
@@ -29,6 +30,20 @@ struct SpatialOrder {
 // points (finite ones first).
 SpatialOrder spatial_order_cuda(const at::Tensor& queries, const at::Tensor& refs, const at::Tensor& lengths1,
                                 const at::Tensor& lengths2, int64_t box_points);
+
+// The spatial order costs a few launches and two segmented sorts (tens of microseconds): it pays
+// once a cloud has this many reference points and the batch this many queries.
+constexpr int64_t kSpatialMinRefs = 2048;
+constexpr int64_t kSpatialMinQueries = 2048;
+
+// Whether a search that has a spatial variant runs in spatial order: POINTOPS_SPATIAL_ORDER=0 / 1
+// forces index / spatial order (D = 2, 3), for tests and benchmarks; unset, the sizes decide.
+inline bool use_spatial_order(int64_t B, int64_t N, int64_t M, int64_t dim) {
+  if ((dim != 2 && dim != 3) || M == 0) return false;
+  const char* forced = std::getenv("POINTOPS_SPATIAL_ORDER");
+  if (forced != nullptr && forced[0] != '\0') return forced[0] != '0';
+  return M >= kSpatialMinRefs && B * N >= kSpatialMinQueries;
+}
 
 // Whether a box can be skipped: the lower bound `bound` on the distance from a query to any point of
 // the box, computed with rounding, is larger than `threshold` by more than the rounding of
