@@ -117,11 +117,14 @@ def _zero_weights_result(x: Tensor, y: Tensor, weights: Tensor, batch_reduction,
     search): per direction ``(p.sum((1, 2)) * weights.view(N, 1)) * 0`` from the direction's own
     points p -- summed to a scalar with a batch reduction, else of shape (N, N) -- for the loss and,
     as a separate tensor, for loss_normals, with or without normals. The directions combine as the
-    loss does (a pair when point_reduction is None)."""
+    loss does (a pair when point_reduction is None). Only each cloud's first coordinate enters the
+    sum here: the same zeros, shapes, dtypes and gradient path (zeros for every point and weight)
+    at a cost that does not grow with the clouds; a NaN elsewhere in the points does not turn them
+    into NaN as PyTorch3D's full sum would."""
     w = weights.view(-1, 1)
 
     def zero(points):
-        z = points.sum((1, 2)) * w
+        z = points[:, :1, :1].sum((1, 2)) * w
         return z.sum() * 0.0 if batch_reduction is not None else z * 0.0
 
     if single_directional:
@@ -237,7 +240,8 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
         weights: optional (N,) non-negative per-cloud weights: each cloud's terms are scaled by its
             weight, and ``batch_reduction="mean"`` divides by the weights' sum. Weights that sum to
             0 give PyTorch3D's answer: ``loss`` and ``loss_normals`` are both zeros computed from
-            the points (``(p.sum((1, 2)) * weights.view(N, 1)) * 0`` per direction), so they
+            the points and weights (PyTorch3D's ``(p.sum((1, 2)) * weights.view(N, 1)) * 0`` per
+            direction, with only the clouds' first coordinates summed), so they
             require grad when the points do, even without normals; shape () with a batch
             reduction, (N, N) (PyTorch3D's broadcast) without one; a pair of them when
             ``point_reduction`` is None. Checking the weights' values costs one host sync (eager
