@@ -177,9 +177,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_autograd(c10:
   return {out[0], out[1], out[2], out[3]};
 }
 
-std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_autograd(const at::Tensor& grad_dist, const at::Tensor& x,
-                                                                      const at::Tensor& y, const at::Tensor& idx,
-                                                                      int64_t norm) {
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_autograd(c10::DispatchKeySet ks, const at::Tensor& grad_dist,
+                                                                      const at::Tensor& x, const at::Tensor& y,
+                                                                      const at::Tensor& idx, int64_t norm) {
+  // A first-order backward (no create_graph) runs with grad mode off: no node for it.
+  if (!at::GradMode::is_enabled() || !(grad_dist.requires_grad() || x.requires_grad() || y.requires_grad())) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pointops::_nearest_neighbor_backward", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                   const at::Tensor&, const at::Tensor&, int64_t)>();
+    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, grad_dist, x, y, idx, norm);
+  }
   auto out = NearestNeighborBackwardFunction::apply(grad_dist, x, y, idx, norm);
   return {out[0], out[1]};
 }

@@ -182,23 +182,34 @@ at::Tensor cpu_loss(const Pieces& p, const at::Tensor& x, const at::Tensor& y, c
     const CloudFactors fy{fx.weight, fx.partner_lengths, fx.lengths};
     add_direction_cpu(p.dist2, fy, x.size(1), mean, squared, v);
   }
-  at::Tensor out;
-  if (br == BatchReduction::None) {
-    out = at::empty({B}, x.options().dtype(at::kDouble));
-    std::copy(v.begin(), v.end(), out.data_ptr<double>());
-  } else {
+  if (br != BatchReduction::None) {
     double total = 0;
     for (double value : v) total += value;
-    out = at::scalar_tensor(total / batch_divisor(fx.weight, br, B), x.options().dtype(at::kDouble));
+    v.assign(1, total / batch_divisor(fx.weight, br, B));
   }
-  return as_type(out, x.scalar_type());
+  at::Tensor out = br == BatchReduction::None ? at::empty({B}, x.options()) : at::empty({}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "chamfer_distance_cpu", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    for (size_t b = 0; b < v.size(); ++b) o[b] = static_cast<scalar_t>(v[b]);
+  });
+  return out;
+}
+
+// The loss's gradient as doubles: (B,) values without a batch reduction, else one.
+std::vector<double> grad_values(const at::Tensor& g) {
+  std::vector<double> values(g.numel());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "chamfer_distance_backward_cpu", [&] {
+    const at::Tensor gc = g.contiguous();
+    const scalar_t* p = gc.const_data_ptr<scalar_t>();
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(p[i]);
+  });
+  return values;
 }
 
 // The gradient of the loss with respect to one direction's kernel distances, (B, n), on the CPU.
-at::Tensor cpu_direction_grad(const at::Tensor& g, const at::Tensor& dist, const CloudFactors& f,
+at::Tensor cpu_direction_grad(const std::vector<double>& gv, const at::Tensor& dist, const CloudFactors& f,
                               int64_t partner_size, bool mean, BatchReduction br, bool squared) {
   const int64_t B = dist.size(0), n = dist.size(1);
-  const std::vector<double> gv = to_doubles(g.contiguous());
   const double g_all = br == BatchReduction::None ? 0.0 : gv[0] / batch_divisor(f.weight, br, B);
   at::Tensor grad = at::empty_like(dist, at::MemoryFormat::Contiguous);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dist.scalar_type(), "chamfer_distance_backward_cpu", [&] {
@@ -304,28 +315,27 @@ class ChamferDistanceFunction : public torch::autograd::Function<ChamferDistance
                               single, squared);
     ctx->save_for_backward({x, y, p.dist1, p.dist2, p.idx1, p.idx2, defined_or_empty(x_lengths),
                             defined_or_empty(y_lengths), defined_or_empty(weights)});
-    ctx->saved_data["mean"] = parse_point_mean(point_reduction);
-    ctx->saved_data["batch"] = static_cast<int64_t>(br);
-    ctx->saved_data["norm"] = norm;
-    ctx->saved_data["single"] = single;
-    ctx->saved_data["squared"] = squared;
+    // one entry (each costs a hashed string key): batch reduction, norm, and three flags
+    ctx->saved_data["options"] = static_cast<int64_t>(br) | norm << 2 | int64_t{parse_point_mean(point_reduction)} << 4 |
+                                 int64_t{single} << 5 | int64_t{squared} << 6;
     return p.loss;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
     const at::Tensor &x = s[0], &y = s[1], &idx1 = s[4], &idx2 = s[5], &xl = s[6], &yl = s[7], &w = s[8];
-    const auto br = static_cast<BatchReduction>(ctx->saved_data["batch"].toInt());
-    const int64_t norm = ctx->saved_data["norm"].toInt();
-    const bool squared = ctx->saved_data["squared"].toBool(), mean = ctx->saved_data["mean"].toBool();
-    const bool single = ctx->saved_data["single"].toBool();
+    const int64_t options = ctx->saved_data["options"].toInt();
+    const auto br = static_cast<BatchReduction>(options & 3);
+    const int64_t norm = (options >> 2) & 3;
+    const bool mean = options >> 4 & 1, single = options >> 5 & 1, squared = options >> 6 & 1;
     at::Tensor grad_d1, grad_d2;
     if (plain_cpu(x) && plain_cpu(s[2]) && plain_cpu(grads[0]) && !at::GradMode::is_enabled()) {  // no graph of the backward wanted: plain loops
       const CloudFactors fx{to_doubles(w), to_longs(xl), to_longs(yl)};
-      grad_d1 = cpu_direction_grad(grads[0], s[2], fx, y.size(1), mean, br, squared);
+      const std::vector<double> g = grad_values(grads[0]);
+      grad_d1 = cpu_direction_grad(g, s[2], fx, y.size(1), mean, br, squared);
       if (!single) {
         const CloudFactors fy{fx.weight, fx.partner_lengths, fx.lengths};
-        grad_d2 = cpu_direction_grad(grads[0], s[3], fy, x.size(1), mean, br, squared);
+        grad_d2 = cpu_direction_grad(g, s[3], fy, x.size(1), mean, br, squared);
       }
     } else {
       const at::Tensor g = cloud_grad(grads[0], br, w, x.size(0));
@@ -335,8 +345,8 @@ class ChamferDistanceFunction : public torch::autograd::Function<ChamferDistance
     auto [grad_x, grad_y] = nearest_neighbor_backward_op(grad_d1, x, y, idx1, norm);
     if (!single) {
       auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grad_d2, y, x, idx2, norm);
-      grad_x = grad_x + grad_x2;
-      grad_y = grad_y + grad_y2;
+      grad_x.add_(grad_x2);  // fresh tensors of the backward op (autograd records this when building a graph)
+      grad_y.add_(grad_y2);
     }
     return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor()};
