@@ -16,6 +16,10 @@ TORCH_LIBRARY(pointops, m) {
   // Gradient of dist = d(x, y[idx]) with respect to x (written directly) and y (scattered). idx is
   // (B, N) (one neighbour per query) or (B, N, K) (knn_points, ball_query), grad_dist the same shape;
   // idx -1 (no neighbour) contributes nothing.
+  // chamfer_distance's loss without normals, point_reduction "mean" or "sum" (pointops/chamfer_loss.py
+  // has the contract): the masks and reductions fused behind one autograd node.
+  m.def("_chamfer_distance(Tensor x, Tensor y, Tensor? x_lengths, Tensor? y_lengths, Tensor? weights, "
+        "str point_reduction, str? batch_reduction, int norm, bool single_directional, bool squared) -> Tensor");
   m.def("_nearest_neighbor_backward(Tensor grad_dist, Tensor x, Tensor y, Tensor idx, int norm=2)"
         " -> (Tensor grad_x, Tensor grad_y)");
 

@@ -3,9 +3,13 @@
 
 The contract is PyTorch3D's (its docstring and source are the reference): the same arguments in the
 same order, the ``(loss, loss_normals)`` result, the same shapes, the same ``ValueError``
-conditions. Where PyTorch3D has no defined answer (an all-zero ``weights`` with
-``batch_reduction=None``, an empty batch, ``point_reduction="max"`` over empty clouds) pointops gives
-zeros that keep a gradient path.
+conditions. Weights that sum to zero follow PyTorch3D's rule exactly (see :func:`chamfer_distance`).
+Where PyTorch3D has no defined answer (an empty batch, ``point_reduction="max"`` over empty clouds)
+pointops gives zeros that keep a gradient path.
+
+The common call (no normals, ``point_reduction`` "mean" or "sum") is one op,
+``torch.ops.pointops._chamfer_distance``, with one autograd node: the masks and reductions that
+would each cost a Python call, an autograd node and a kernel launch are fused behind it.
 """
 from typing import Optional, Tuple, Union
 
@@ -19,6 +23,7 @@ __all__ = ["chamfer_distance", "ChamferLoss"]
 
 _POINT_REDUCTIONS = ("mean", "sum", "max")
 _BATCH_REDUCTIONS = ("mean", "sum")
+_FUSED_POINT_REDUCTIONS = ("mean", "sum")  # the reductions of the fused op (csrc/chamfer/chamfer_loss.cpp)
 
 
 # ---------------------------------------------------------------- argument checks (PyTorch3D's)
@@ -64,9 +69,6 @@ def _unpack_cloud(points, lengths: Optional[Tensor], normals: Optional[Tensor], 
             raise ValueError(f"Expected lengths to be of shape (N,) = ({points.shape[0]},); {name}_lengths is {got}")
         if lengths.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"Expected lengths to be an int64 (or int32) tensor; {name}_lengths is {lengths.dtype}")
-        if lengths.device != points.device:
-            raise ValueError(f"Expected lengths on the points' device ({points.device}); {name}_lengths is on "
-                             f"{lengths.device}")
     if normals is not None and (not torch.is_tensor(normals) or normals.shape != points.shape):
         got = tuple(normals.shape) if torch.is_tensor(normals) else type(normals).__name__
         raise ValueError(f"Expected normals to be of shape (N, P, 3) like the points; {name}_normals is {got}, "
@@ -91,14 +93,45 @@ def _check_length_values(clouds) -> None:
             raise ValueError(f"A length value was negative: {name}_lengths has {lo}")
 
 
-def _validate_weights(weights: Tensor, x: Tensor) -> None:
+def _validate_weights(weights: Tensor, x: Tensor) -> bool:
+    """PyTorch3D's weights checks; True when the weights sum to 0 (PyTorch3D's early return). The
+    values are read with one host sync, in eager mode only."""
     if not torch.is_tensor(weights) or weights.shape != (x.shape[0],):
         got = tuple(weights.shape) if torch.is_tensor(weights) else type(weights).__name__
         raise ValueError(f"weights must be of shape (N,) = ({x.shape[0]},), got {got}")
     if not weights.is_floating_point():
         raise ValueError(f"weights must be a floating-point tensor, got {weights.dtype}")
-    if _checking_values() and weights.numel() > 0 and bool((weights < 0).any()):
-        raise ValueError(f"weights cannot be negative, got a minimum of {weights.min().item()}")
+    if not _checking_values():
+        return False
+    if weights.numel() == 0:
+        return True  # PyTorch3D: an empty sum is 0
+    low, total = torch.stack([weights.detach().min(), weights.detach().sum()]).tolist()
+    if low < 0:
+        raise ValueError(f"weights cannot be negative, got a minimum of {low}")
+    return total == 0
+
+
+def _zero_weights_result(x: Tensor, y: Tensor, weights: Tensor, batch_reduction, point_reduction,
+                         single_directional: bool):
+    """PyTorch3D's answer for weights that sum to 0 (pytorch3d/loss/chamfer.py returns it before the
+    search): per direction ``(p.sum((1, 2)) * weights.view(N, 1)) * 0`` from the direction's own
+    points p -- summed to a scalar with a batch reduction, else of shape (N, N) -- for the loss and,
+    as a separate tensor, for loss_normals, with or without normals. The directions combine as the
+    loss does (a pair when point_reduction is None). Only each cloud's first coordinate enters the
+    sum here: the same zeros, shapes, dtypes and gradient path (zeros for every point and weight)
+    at a cost that does not grow with the clouds; a NaN elsewhere in the points does not turn them
+    into NaN as PyTorch3D's full sum would."""
+    w = weights.view(-1, 1)
+
+    def zero(points):
+        z = points[:, :1, :1].sum((1, 2)) * w
+        return z.sum() * 0.0 if batch_reduction is not None else z * 0.0
+
+    if single_directional:
+        return zero(x), zero(x)
+    if point_reduction is None:
+        return (zero(x), zero(y)), (zero(x), zero(y))
+    return zero(x) + zero(y), zero(x) + zero(y)
 
 
 # ---------------------------------------------------------------- per-point terms
@@ -205,8 +238,14 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
             between each point's normal and the normal of its nearest neighbour (gathered by the
             same index the distance uses); gradients reach the normals (not through the index).
         weights: optional (N,) non-negative per-cloud weights: each cloud's terms are scaled by its
-            weight, and ``batch_reduction="mean"`` divides by the weights' sum (all-zero weights:
-            a zero loss that keeps a gradient path).
+            weight, and ``batch_reduction="mean"`` divides by the weights' sum. Weights that sum to
+            0 give PyTorch3D's answer: ``loss`` and ``loss_normals`` are both zeros computed from
+            the points and weights (PyTorch3D's ``(p.sum((1, 2)) * weights.view(N, 1)) * 0`` per
+            direction, with only the clouds' first coordinates summed), so they
+            require grad when the points do, even without normals; shape () with a batch
+            reduction, (N, N) (PyTorch3D's broadcast) without one; a pair of them when
+            ``point_reduction`` is None. Checking the weights' values costs one host sync (eager
+            only: under torch.compile neither the sign check nor this rule applies).
         batch_reduction: "mean", "sum" or None (a (N,) result).
         point_reduction: "mean" (over each cloud's valid points), "sum", "max", or None (the
             per-point terms; batch_reduction must then be None).
@@ -220,7 +259,13 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
         ``(loss, loss_normals)``. ``loss`` is a scalar (``batch_reduction`` "mean"/"sum") or (N,).
         With ``point_reduction=None``: ``loss`` is the pair of per-point terms ``((N, P1), (N, P2))``,
         or one (N, P1) tensor if ``single_directional``; padded points hold 0.
-        ``loss_normals`` has the same structure, or is None without both normals.
+        ``loss_normals`` has the same structure, or is None without both normals (all-zero
+        weights: see ``weights``).
+
+    Host syncs and CUDA graphs: with no lengths and no weights nothing here reads a tensor's values
+    on the host, so the call (forward and backward) can be captured in a CUDA graph. Lengths cost
+    one sync (their bounds are checked, in Python for PyTorch3D's ValueError and in the kernels'
+    launcher), weights one (their sign and PyTorch3D's all-zero rule): neither can be captured.
 
     Empty clouds, as in PyTorch3D: a direction whose searched cloud is empty contributes 0 (and so
     does an empty cloud's own direction: an empty mean is 0, never 0/0). ``nearest_neighbor`` keeps
@@ -231,8 +276,9 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
             shape or with a value larger than the cloud (or negative), y's batch or point dimension
             unlike x's, normals unlike their points, unknown reductions, ``norm`` other than 1 or 2,
             normals with ``point_reduction="max"``, weights of the wrong shape or negative, and
-            (pointops) ``squared=False`` with ``norm=1``. Dtype and device mismatches are refused by
-            the kernels (RuntimeError). Under torch.compile the checks that read tensor values
+            (pointops) ``squared=False`` with ``norm=1``. Dtype and device mismatches (lengths on
+            another device included, as PyTorch3D's own tensor ops refuse them) are refused by the
+            kernels (RuntimeError). Under torch.compile the checks that read tensor values
             (length bounds, negative weights) are skipped; the kernels still refuse bad lengths.
 
     Example:
@@ -253,8 +299,12 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
     if y.shape[0] != N or y.shape[2] != D:
         raise ValueError(f"y does not have the correct shape: x is {tuple(x.shape)}, so y must be "
                          f"({N}, P2, {D}), got {tuple(y.shape)}")
-    if weights is not None:
-        _validate_weights(weights, x)
+    if weights is not None and _validate_weights(weights, x):
+        return _zero_weights_result(x, y, weights, batch_reduction, point_reduction, single_directional)
+    if (point_reduction in _FUSED_POINT_REDUCTIONS and (x_normals is None or y_normals is None)
+            and (weights is None or not weights.requires_grad)):
+        return torch.ops.pointops._chamfer_distance(x, y, x_lengths, y_lengths, weights, point_reduction,
+                                                    batch_reduction, norm, single_directional, squared), None
 
     if single_directional:
         dist_x, idx_x = nearest_neighbor(x, y, x_lengths, y_lengths, norm=norm)

@@ -63,6 +63,13 @@ class Voxels(NamedTuple):
     num_voxels: Optional[Tensor] = None
 
 
+# Looked up once; results built without NamedTuple's Python-level __new__ (a small call's host
+# time is mostly this layer).
+_VOXELIZE = torch.ops.pointops.voxelize.default
+_VOXELIZE_PADDED = torch.ops.pointops.voxelize_padded.default
+_new_tuple = tuple.__new__
+
+
 class VoxelFeatures(NamedTuple):
     """Result of :func:`voxel_features`: features (V, F) points dtype, coords (V, 3|4) int32,
     num_points (V,) int32 (every in-range point), point_to_voxel (N,) int64 (-1 out of range)."""
@@ -76,6 +83,8 @@ class VoxelFeatures(NamedTuple):
 def _floats(values: FloatSeq, name: str) -> list[float]:
     """The values of a voxel_size / point_range argument as Python floats. Only the types are
     checked here; the counts and values (finite, positive, min < max) are the C++ op's checks."""
+    if (type(values) is tuple or type(values) is list) and all(type(v) is float for v in values):
+        return values  # the common case, checked in one pass (this runs on every call)
     if isinstance(values, Tensor):
         if values.dim() != 1:
             raise ValueError(f"voxelize: {name} must be a sequence of floats or a 1-D tensor, got a tensor of shape "
@@ -162,10 +171,13 @@ def voxelize(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, max_po
     Not differentiable (the outputs carry no gradient); use :func:`voxel_features` for gradients.
     """
     vs, pr = _check_python_arguments(points, batch, voxel_size, point_range)
-    max_points_per_voxel, max_voxels = _int(max_points_per_voxel, "max_points_per_voxel"), _int(max_voxels, "max_voxels")
-    if _flag(padded, "padded"):
-        return Voxels(*torch.ops.pointops.voxelize_padded(points, batch, vs, pr, max_points_per_voxel, max_voxels))
-    return Voxels(*torch.ops.pointops.voxelize(points, batch, vs, pr, max_points_per_voxel, max_voxels))
+    if not (type(max_points_per_voxel) is int and type(max_voxels) is int and max(max_points_per_voxel, max_voxels)
+            <= _INT64_MAX):  # plain ints in range (the lower bounds are the op's checks): nothing to convert
+        max_points_per_voxel = _int(max_points_per_voxel, "max_points_per_voxel")
+        max_voxels = _int(max_voxels, "max_voxels")
+    if padded is not False and _flag(padded, "padded"):
+        return _new_tuple(Voxels, _VOXELIZE_PADDED(points, batch, vs, pr, max_points_per_voxel, max_voxels))
+    return _new_tuple(Voxels, _VOXELIZE(points, batch, vs, pr, max_points_per_voxel, max_voxels) + (None,))
 
 
 def voxel_features(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, reduce: str = "mean", *,

@@ -47,3 +47,33 @@ def shared_data():
     if d is None:
         pytest.skip("../shared/data is not present")
     return d
+
+
+def check_cuda_graph(step, refill, exact=(), seeds=(1, 2), rtol=1e-5, atol=1e-6):
+    """Captures step() -- a tuple of tensors, forward and backward -- in a CUDA graph after a warm-up
+    on a side stream; then for each seed refills the static inputs in place (refill(seed)), replays
+    and compares with an eager step(): bitwise for the outputs at the indices in `exact` (the
+    deterministic ones), to float rounding for the others (sums whose order may differ, atomics)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up outside the capture (allocator, lazy initialisation)
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    replays = []
+    for seed in seeds:
+        with torch.no_grad():
+            refill(seed)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = step()
+        for i, (got, want) in enumerate(zip(captured, expected)):
+            if i in exact:
+                assert torch.equal(got, want), f"output {i} of the replay differs from eager"
+            else:
+                torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+        replays.append([t.clone() for t in captured])
+    assert any(not torch.equal(a, b) for a, b in zip(*replays[:2])), "the replays recomputed nothing"

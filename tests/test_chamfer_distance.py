@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import pointops
-from conftest import DEVICES, HAS_CUDA, requires_cuda
+from conftest import DEVICES, HAS_CUDA, check_cuda_graph, requires_cuda
 
 RTOL = 1e-12
 
@@ -40,6 +40,17 @@ def reference_direction(p, q, pn, qn, norm, squared, abs_cosine):
 def reference_chamfer(x, y, xl=None, yl=None, xn=None, yn=None, weights=None, batch_reduction="mean",
                       point_reduction="mean", norm=2, single=False, abs_cosine=True, squared=True):
     B, P1, P2 = x.shape[0], x.shape[1], y.shape[1]
+    if weights is not None and float(weights.sum()) == 0:
+        # PyTorch3D returns before the search: per direction its points' sums times the weights,
+        # times 0, broadcast (B,) x (B, 1) -> (B, B); the same for the normals, given or not.
+        def zero(p):
+            z = p.detach().double().cpu().sum((1, 2))[None, :] * weights.double().cpu()[:, None] * 0
+            return z.sum() if batch_reduction is not None else z
+        if single:
+            return zero(x), zero(x)
+        if point_reduction is None:
+            return (zero(x), zero(y)), (zero(x), zero(y))
+        return zero(x) + zero(y), zero(x) + zero(y)
     xl = [P1] * B if xl is None else xl.tolist()
     yl = [P2] * B if yl is None else yl.tolist()
     with_normals = xn is not None and yn is not None
@@ -214,18 +225,26 @@ def test_empty_batch_and_empty_clouds(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_all_zero_weights_give_zero_with_a_gradient_path(device):
+@pytest.mark.parametrize("with_normals", [True, False])
+def test_all_zero_weights_follow_pytorch3d(device, with_normals):
+    # PyTorch3D's early return: loss and loss_normals are zeros made from the points (so they
+    # require grad when the points do, normals or not), () with a batch reduction, (B, B) without.
     x, y, xn, yn, xl, yl = clouds(device)
     x.requires_grad_()
-    xn.requires_grad_()
+    y.requires_grad_()
+    normals = (xn, yn) if with_normals else (None, None)
     w = torch.zeros(4, dtype=torch.float64, device=device)
-    for batch_reduction in ("mean", "sum", None):
-        x.grad = xn.grad = None
-        loss, loss_n = pointops.chamfer_distance(x, y, xl, yl, xn, yn, w, batch_reduction=batch_reduction)
-        assert (loss == 0).all() and (loss_n == 0).all()
-        assert loss.requires_grad and loss_n.requires_grad
+    for batch_reduction, shape in (("mean", ()), ("sum", ()), (None, (4, 4))):
+        x.grad = y.grad = None
+        loss, loss_n = pointops.chamfer_distance(x, y, xl, yl, *normals, w, batch_reduction=batch_reduction)
+        for t in (loss, loss_n):
+            assert t.shape == shape and (t == 0).all() and t.requires_grad
         (loss.sum() + loss_n.sum()).backward()
-        assert (x.grad == 0).all() and (xn.grad == 0).all()
+        assert (x.grad == 0).all() and (y.grad == 0).all()
+    (lx, ly), (nx, ny) = pointops.chamfer_distance(x, y, weights=w, point_reduction=None, batch_reduction=None)
+    assert all(t.shape == (4, 4) and (t == 0).all() for t in (lx, ly, nx, ny))
+    single, single_n = pointops.chamfer_distance(x, y, weights=w, single_directional=True)
+    assert single.shape == single_n.shape == () and single_n.requires_grad
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -390,6 +409,67 @@ def test_compile_fullgraph_matches_eager(device):
         results.append([loss.detach()] + [a.grad for a in args])
     for e, c in zip(*results):
         torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_loss_compiles_fullgraph(device):
+    # The common call (no normals, mean / sum) is one op with a C++ autograd node: traced whole.
+    torch._dynamo.reset()
+    x, y, _, _, xl, yl = clouds(device, dtype=torch.float32, P1=40, P2=30)
+    w = torch.tensor([1.0, 0.5, 2.0, 0.0], device=device)
+
+    def loss_fn(a, b):
+        plain, _ = pointops.chamfer_distance(a, b)
+        ragged, _ = pointops.chamfer_distance(a, b, xl, yl, weights=w, point_reduction="sum", squared=False)
+        single, _ = pointops.chamfer_distance(a, b, batch_reduction=None, single_directional=True, norm=1)
+        return plain + ragged + single.sum()
+
+    compiled = torch.compile(loss_fn, fullgraph=True)
+    results = []
+    for fn in (loss_fn, compiled):
+        args = [t.clone().requires_grad_() for t in (x, y)]
+        loss = fn(*args)
+        loss.backward()
+        results.append([loss.detach()] + [a.grad for a in args])
+    for e, c in zip(*results):
+        torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_loss_opcheck(device):
+    x, y, _, _, xl, yl = clouds(device, dtype=torch.float32, P1=17, P2=13)
+    w = torch.tensor([1.0, 0.5, 2.0, 0.0], device=device)
+    op = torch.ops.pointops._chamfer_distance.default
+    for requires_grad in (False, True):
+        a, b = x.clone().requires_grad_(requires_grad), y.clone().requires_grad_(requires_grad)
+        torch.library.opcheck(op, (a, b, None, None, None, "mean", "mean", 2, False, True))
+        torch.library.opcheck(op, (a, b, xl, yl, w, "sum", None, 1, False, True))
+        torch.library.opcheck(op, (a, b, xl, None, w, "mean", "sum", 2, True, False))
+
+
+@requires_cuda
+def test_cuda_graph_capture_and_replay():
+    # No lengths and no weights: their value checks are host syncs (see the docstring); the rest
+    # of chamfer_distance, forward and backward, reads nothing on the host.
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 300, 3, generator=g).cuda().requires_grad_()
+    y = torch.randn(3, 200, 3, generator=g).cuda().requires_grad_()
+
+    def step():
+        loss, _ = pointops.chamfer_distance(x, y)
+        per_cloud, _ = pointops.chamfer_distance(x, y, point_reduction="sum", batch_reduction=None, squared=False)
+        hausdorff, _ = pointops.chamfer_distance(x, y, point_reduction="max")
+        dist1, dist2, idx1, idx2 = pointops.chamfer(x, y)
+        total = loss + per_cloud.sum() + hausdorff + dist1.sum() + dist2.sum()
+        return (idx1, idx2, loss, per_cloud, hausdorff) + torch.autograd.grad(total, (x, y))
+
+    def refill(seed):
+        g = torch.Generator().manual_seed(seed)
+        x.copy_(torch.randn(x.shape, generator=g))
+        y.copy_(torch.randn(y.shape, generator=g))
+
+    # the indices are exact; the reference clouds' gradients are scattered with float atomics
+    check_cuda_graph(step, refill, exact=(0, 1))
 
 
 @requires_cuda

@@ -390,6 +390,15 @@ def fuzz_chamfer_distance():
         def check(out):
             loss, loss_normals = out
             B, N, M = x.shape[0], x.shape[1], y.shape[1]
+            w = c["weights"]
+            if w is not None and w.shape == (B,) and w.is_floating_point() and float(w.sum()) == 0:
+                # PyTorch3D's early return: zeros from the points times the weights (dtypes
+                # promoted), () or (B, B), for loss_normals too, normals or not
+                shape = () if c["batch_reduction"] else (B, B)
+                dtype = torch.promote_types(x.dtype, w.dtype)
+                parts = [t for part in out for t in (part if isinstance(part, tuple) else (part,))]
+                assert all(t.shape == shape and t.dtype == dtype and not t.any() for t in parts), parts
+                return
             if c["point_reduction"] is None:
                 expected = [(B, N)] if c["single_directional"] else [(B, N), (B, M)]
                 got = [loss] if c["single_directional"] else list(loss)

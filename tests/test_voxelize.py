@@ -14,7 +14,7 @@ import torch
 
 import pointops
 from pointops import Voxelizer, voxel_features, voxelize
-from conftest import DEVICES, HAS_CUDA, requires_cuda
+from conftest import DEVICES, HAS_CUDA, check_cuda_graph, requires_cuda
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 VOXEL = [0.5, 0.5, 0.5]
@@ -552,3 +552,21 @@ def test_compile_fullgraph_backward():
 
 def test_build_info_and_exports():
     assert hasattr(pointops, "Voxels") and pointops.voxelize is voxelize
+
+
+@requires_cuda
+def test_cuda_graph_capture_and_replay_padded():
+    # padded=True is the sync-free form (V stays max_voxels); voxelize without padding and
+    # voxel_features learn V with a host sync and cannot be captured (their docstrings say so).
+    g = torch.Generator().manual_seed(4)
+    points = (torch.rand(2000, 4, generator=g) * 5 - 0.5).cuda()
+    batch = torch.randint(0, 3, (2000,), generator=g).cuda()
+
+    def step():
+        return tuple(pointops.voxelize(points, VOXEL, RANGE, 4, 300, batch=batch, padded=True))
+
+    def refill(seed):
+        g = torch.Generator().manual_seed(seed)
+        points.copy_(torch.rand(points.shape, generator=g) * 5 - 0.5)
+
+    check_cuda_graph(step, refill, exact=range(6))  # deterministic by contract

@@ -139,24 +139,55 @@ class ChamferFunction : public torch::autograd::Function<ChamferFunction> {
   }
 };
 
-std::tuple<at::Tensor, at::Tensor> nearest_neighbor_autograd(const at::Tensor& x, const at::Tensor& y,
-                                                             const OptionalTensor& x_lengths,
+// Calls that need no graph (no_grad, inputs that do not require grad) skip the autograd node and
+// go straight to the backend kernel: the node's bookkeeping is a third of a small call's host time.
+bool needs_graph(const at::Tensor& x, const at::Tensor& y) {
+  return at::GradMode::is_enabled() && (x.requires_grad() || y.requires_grad());
+}
+
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_autograd(c10::DispatchKeySet ks, const at::Tensor& x,
+                                                             const at::Tensor& y, const OptionalTensor& x_lengths,
                                                              const OptionalTensor& y_lengths, int64_t norm) {
+  if (!needs_graph(x, y)) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pointops::nearest_neighbor", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                   const OptionalTensor&, const OptionalTensor&,
+                                                                   int64_t)>();
+    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, y, x_lengths, y_lengths, norm);
+  }
   auto out = NearestNeighborFunction::apply(x, y, x_lengths, y_lengths, norm);
   return {out[0], out[1]};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_autograd(const at::Tensor& x, const at::Tensor& y,
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_autograd(c10::DispatchKeySet ks,
+                                                                            const at::Tensor& x, const at::Tensor& y,
                                                                             const OptionalTensor& x_lengths,
                                                                             const OptionalTensor& y_lengths,
                                                                             int64_t norm) {
+  if (!needs_graph(x, y)) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pointops::chamfer", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                             const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
+                             int64_t)>();
+    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, y, x_lengths, y_lengths, norm);
+  }
   auto out = ChamferFunction::apply(x, y, x_lengths, y_lengths, norm);
   return {out[0], out[1], out[2], out[3]};
 }
 
-std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_autograd(const at::Tensor& grad_dist, const at::Tensor& x,
-                                                                      const at::Tensor& y, const at::Tensor& idx,
-                                                                      int64_t norm) {
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_autograd(c10::DispatchKeySet ks, const at::Tensor& grad_dist,
+                                                                      const at::Tensor& x, const at::Tensor& y,
+                                                                      const at::Tensor& idx, int64_t norm) {
+  // A first-order backward (no create_graph) runs with grad mode off: no node for it.
+  if (!at::GradMode::is_enabled() || !(grad_dist.requires_grad() || x.requires_grad() || y.requires_grad())) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pointops::_nearest_neighbor_backward", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                   const at::Tensor&, const at::Tensor&, int64_t)>();
+    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, grad_dist, x, y, idx, norm);
+  }
   auto out = NearestNeighborBackwardFunction::apply(grad_dist, x, y, idx, norm);
   return {out[0], out[1]};
 }

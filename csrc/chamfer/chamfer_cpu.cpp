@@ -25,7 +25,7 @@ void nearest_neighbor_cpu_kernel(const scalar_t* x, const scalar_t* y, const int
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t blocks_per_batch = (N + kQueryBlock - 1) / kQueryBlock;
   at::parallel_for(0, B * blocks_per_batch, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> queries(kQueryBlock * dim), refs(kRefTile * dim);
+    std::vector<acc_t> queries(kQueryBlock * dim), refs(std::min(kRefTile, std::max<int64_t>(M, 1)) * dim);
     acc_t best[kQueryBlock];
     int64_t best_idx[kQueryBlock];
     call_best_isa([&]() POINTOPS_CLONE_BODY {
@@ -125,7 +125,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cpu(
 // d/dx |x - y[j]|^2 = 2 (x - y[j]) (L1: sign(x - y[j])) for each of a query's K neighbours j =
 // idx[q, k] (K = 1 for nearest_neighbor), summed in k order; the matched reference point gets the
 // negative. The reference gradient is gathered per reference point over its matched pairs in
-// increasing pair order (matched_queries_by_reference), so it is deterministic and thread-parallel.
+// increasing pair order (counted by the launcher), so it is deterministic and thread-parallel.
 template <Metric metric, typename scalar_t>
 void nearest_neighbor_backward_cpu_kernel(const scalar_t* grad_dist, const scalar_t* x,
                                           const scalar_t* y, const int64_t* idx,
@@ -188,17 +188,35 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_cpu(const at::Tenso
   const auto x_contig = x.contiguous();
   const auto y_contig = y.contiguous();
   const auto idx_contig = idx.contiguous();
-  {  // The indices come from the forward; a hand-made one outside [-1, M) would read past y.
-    const auto [lo, hi] = at::aminmax(idx_contig);
-    TORCH_CHECK(lo.item<int64_t>() >= -1 && hi.item<int64_t>() < M, "idx must hold indices in [-1, ", M,
-                ") (into y), got values in [", lo.item<int64_t>(), ", ", hi.item<int64_t>(), "]");
+  // The pairs of each reference point in increasing pair order (the order the CUDA path's stable
+  // sort gives), by counting: one pass over idx, no sort and no tensor ops (their host time is most
+  // of a small call). The same pass refuses a hand-made index outside [-1, M), which would read past y.
+  const int64_t pairs = B * N * K;
+  const int64_t* idx_ptr = idx_contig.const_data_ptr<int64_t>();
+  std::vector<int64_t> offsets(B * M + 1, 0);
+  int64_t lo = idx_ptr[0], hi = idx_ptr[0];
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t j = idx_ptr[p];
+    lo = std::min(lo, j);
+    hi = std::max(hi, j);
+    if (j >= 0 && j < M) ++offsets[(p / (N * K)) * M + j + 1];
   }
-  const auto [order, offsets] = matched_queries_by_reference(idx_contig, M);
+  TORCH_CHECK(lo >= -1 && hi < M, "idx must hold indices in [-1, ", M, ") (into y), got values in [", lo, ", ", hi,
+              "]");
+  for (int64_t r = 0; r < B * M; ++r) offsets[r + 1] += offsets[r];
+  std::vector<int64_t> order(offsets[B * M]);
+  {
+    std::vector<int64_t> cursor(offsets.begin(), offsets.end() - 1);
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t j = idx_ptr[p];
+      if (j >= 0) order[cursor[(p / (N * K)) * M + j]++] = p;
+    }
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "nearest_neighbor_backward_cpu", [&] {
     dispatch_metric(metric, [&](auto metric_tag) {
       nearest_neighbor_backward_cpu_kernel<decltype(metric_tag)::value, scalar_t>(
           grad_contig.data_ptr<scalar_t>(), x_contig.data_ptr<scalar_t>(), y_contig.data_ptr<scalar_t>(),
-          idx_contig.data_ptr<int64_t>(), order.data_ptr<int64_t>(), offsets.data_ptr<int64_t>(), B, N,
+          idx_contig.data_ptr<int64_t>(), order.data(), offsets.data(), B, N,
           M, K, dim, grad_x.data_ptr<scalar_t>(), grad_y.data_ptr<scalar_t>());
     });
   });

@@ -31,6 +31,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/macros/Macros.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <array>
@@ -99,13 +100,13 @@ struct StridedLayout {
 
 // Builds the merged layout of operands with the common shape `sizes` and per-operand `strides`
 // (each the length of sizes). Returns false when more than kMaxDims dims remain after merging.
+// No heap allocation for up to 16 dims: it runs on every call, and a small call's host time counts.
 template <int NOps>
-bool make_layout(at::IntArrayRef sizes, const std::array<std::vector<int64_t>, NOps>& strides,
-                 StridedLayout<NOps>& out) {
+bool make_layout(at::IntArrayRef sizes, const std::array<const int64_t*, NOps>& strides, StridedLayout<NOps>& out) {
   // the dims of size > 1, outermost first: by decreasing stride of operand 0 (the output's, so
   // that writes are the innermost loop), ties by the other operands' strides in order (a stable
   // sort keeps the tensor's own order otherwise)
-  std::vector<int> dims;
+  c10::SmallVector<int, 16> dims;
   for (int d = 0; d < static_cast<int>(sizes.size()); ++d)
     if (sizes[d] != 1) dims.push_back(d);
   std::stable_sort(dims.begin(), dims.end(), [&](int x, int y) {
@@ -114,8 +115,8 @@ bool make_layout(at::IntArrayRef sizes, const std::array<std::vector<int64_t>, N
     return false;
   });
   // merge an outer dim into the inner one when every operand steps through both as one dim
-  std::vector<int64_t> merged_sizes;
-  std::vector<std::array<int64_t, NOps>> merged_strides;
+  c10::SmallVector<int64_t, 16> merged_sizes;
+  c10::SmallVector<std::array<int64_t, NOps>, 16> merged_strides;
   for (int d : dims) {
     if (!merged_sizes.empty()) {
       bool mergeable = true;
@@ -143,6 +144,36 @@ bool make_layout(at::IntArrayRef sizes, const std::array<std::vector<int64_t>, N
     for (int op = 0; op < NOps; ++op) out.strides[op][d] = merged_strides[d][op];
   }
   return true;
+}
+
+template <int NOps>
+bool make_layout(at::IntArrayRef sizes, const std::array<std::vector<int64_t>, NOps>& strides,
+                 StridedLayout<NOps>& out) {
+  std::array<const int64_t*, NOps> pointers;
+  for (int op = 0; op < NOps; ++op) pointers[op] = strides[op].data();
+  return make_layout<NOps>(sizes, pointers, out);
+}
+
+// Strides of t as seen from a broadcast to `shape` (0 on new or expanded dims), without allocating.
+using StrideVector = c10::SmallVector<int64_t, 16>;
+inline StrideVector broadcast_strides_small(const at::Tensor& t, at::IntArrayRef shape) {
+  const int64_t nd = static_cast<int64_t>(shape.size()), lead = nd - t.dim();
+  StrideVector s(nd, 0);
+  for (int64_t d = 0; d < t.dim(); ++d) s[lead + d] = t.size(d) == 1 ? 0 : t.stride(d);
+  return s;
+}
+
+// The layout of out and its inputs broadcast to out (operand 0 out, then the inputs in order).
+template <int NOps>
+bool layout_of(const at::Tensor& out, const std::array<const at::Tensor*, NOps - 1>& inputs, StridedLayout<NOps>& L) {
+  std::array<StrideVector, NOps - 1> in_strides;
+  std::array<const int64_t*, NOps> pointers;
+  pointers[0] = out.strides().data();
+  for (int k = 0; k < NOps - 1; ++k) {
+    in_strides[k] = broadcast_strides_small(*inputs[k], out.sizes());
+    pointers[k + 1] = in_strides[k].data();
+  }
+  return make_layout<NOps>(out.sizes(), pointers, L);
 }
 
 // Calls fn(offsets, n) for the consecutive runs of linear element indices [begin, end): offsets[op]

@@ -152,16 +152,6 @@ std::vector<int64_t> check_matmul_inputs(const at::Tensor& a, const at::Tensor& 
   return shape;
 }
 
-bool fits_layout(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs) {
-  std::array<std::vector<int64_t>, 3> strides;
-  strides[0] = out.strides().vec();
-  int k = 1;
-  for (const at::Tensor* t : inputs) strides[k++] = broadcast_strides(*t, out.sizes());
-  for (; k < 3; ++k) strides[k] = std::vector<int64_t>(out.dim(), 0);
-  StridedLayout<3> L;
-  return make_layout<3>(out.sizes(), strides, L);
-}
-
 bool plan_reduce(const at::Tensor& x, const std::vector<int64_t>& dims, const at::Tensor& res, ReducePlan& P) {
   std::vector<int64_t> kept_sizes, kept_x, reduced_sizes, reduced_x;
   for (int64_t d = 0; d < x.dim(); ++d) {

@@ -141,9 +141,7 @@ __attribute__((target("avx2,fma"))) void binary_run_avx2(T* po, const T* ra, con
 
 // out = f(x) or out = f(a, b) over out's shape; the inputs are broadcast to it.
 template <typename T, typename F>
-void unary_kernel(const at::Tensor& out, const at::Tensor& x, const F& f) {
-  StridedLayout<2> L;
-  TORCH_INTERNAL_ASSERT(make_layout<2>(out.sizes(), {out.strides().vec(), broadcast_strides(x, out.sizes())}, L));
+void unary_kernel(const at::Tensor& out, const at::Tensor& x, const StridedLayout<2>& L, const F& f) {
   T* o = out.data_ptr<T>();
   const T* in = x.const_data_ptr<T>();
   const int64_t so = L.strides[0][L.ndim - 1], si = L.strides[1][L.ndim - 1];
@@ -159,10 +157,8 @@ void unary_kernel(const at::Tensor& out, const at::Tensor& x, const F& f) {
 }
 
 template <typename T, typename F>
-void binary_kernel(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const F& f) {
-  StridedLayout<3> L;
-  TORCH_INTERNAL_ASSERT(make_layout<3>(
-      out.sizes(), {out.strides().vec(), broadcast_strides(a, out.sizes()), broadcast_strides(b, out.sizes())}, L));
+void binary_kernel(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const StridedLayout<3>& L,
+                   const F& f) {
   T* o = out.data_ptr<T>();
   const T* pa = a.const_data_ptr<T>();
   const T* pb = b.const_data_ptr<T>();
@@ -180,10 +176,10 @@ void binary_kernel(const at::Tensor& out, const at::Tensor& a, const at::Tensor&
 
 // The fn switch, outside AT_DISPATCH (a macro argument cannot hold #define).
 template <typename T>
-void map_typed(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
+void map_typed(const at::Tensor& out, const at::Tensor& x, const StridedLayout<2>& L, MapFn fn) {
   switch (fn) {
 #define POINTOPS_MAP_CASE(F) \
-  case MapFn::F: unary_kernel<T>(out, x, MapOp<MapFn::F>{}); break;
+  case MapFn::F: unary_kernel<T>(out, x, L, MapOp<MapFn::F>{}); break;
     POINTOPS_MAP_CASE(Id) POINTOPS_MAP_CASE(Neg) POINTOPS_MAP_CASE(Exp) POINTOPS_MAP_CASE(Log)
     POINTOPS_MAP_CASE(Sigmoid) POINTOPS_MAP_CASE(Relu) POINTOPS_MAP_CASE(Inv) POINTOPS_MAP_CASE(Tanh)
 #undef POINTOPS_MAP_CASE
@@ -191,10 +187,10 @@ void map_typed(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
 }
 
 template <typename T>
-void zip_typed(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
+void zip_typed(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const StridedLayout<3>& L, ZipFn fn) {
   switch (fn) {
 #define POINTOPS_ZIP_CASE(F) \
-  case ZipFn::F: binary_kernel<T>(out, a, b, ZipOp<ZipFn::F>{}); break;
+  case ZipFn::F: binary_kernel<T>(out, a, b, L, ZipOp<ZipFn::F>{}); break;
     POINTOPS_ZIP_CASE(Add) POINTOPS_ZIP_CASE(Sub) POINTOPS_ZIP_CASE(Mul) POINTOPS_ZIP_CASE(Div)
     POINTOPS_ZIP_CASE(Max) POINTOPS_ZIP_CASE(Min) POINTOPS_ZIP_CASE(Pow) POINTOPS_ZIP_CASE(Lt)
     POINTOPS_ZIP_CASE(Eq) POINTOPS_ZIP_CASE(IsClose) POINTOPS_ZIP_CASE(ReluBack) POINTOPS_ZIP_CASE(LogBack)
@@ -203,14 +199,15 @@ void zip_typed(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, 
   }
 }
 
-void map_into_cpu(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
+void map_into_cpu(const at::Tensor& out, const at::Tensor& x, const StridedLayout<2>& L, MapFn fn) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "strided_map_cpu",
-                                  [&] { map_typed<scalar_t>(out, x, fn); });
+                                  [&] { map_typed<scalar_t>(out, x, L, fn); });
 }
 
-void zip_into_cpu(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
+void zip_into_cpu(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const StridedLayout<3>& L,
+                  ZipFn fn) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "strided_zip_cpu",
-                                  [&] { zip_typed<scalar_t>(out, a, b, fn); });
+                                  [&] { zip_typed<scalar_t>(out, a, b, L, fn); });
 }
 
 // ------------------------------------------------------------------------------------ reductions

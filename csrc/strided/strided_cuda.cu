@@ -220,13 +220,9 @@ bool plan_tiles(const StridedLayout<NOps>& L, StridedLayout<NOps>& T, std::array
 }
 
 template <typename T, int NIn, typename F>
-void launch_elementwise(const at::Tensor& out, const std::array<const at::Tensor*, NIn>& in, const F& f) {
+void launch_elementwise(const at::Tensor& out, const std::array<const at::Tensor*, NIn>& in,
+                        const StridedLayout<NIn + 1>& L, const F& f) {
   constexpr int NOps = NIn + 1;
-  std::array<std::vector<int64_t>, NOps> strides;
-  strides[0] = out.strides().vec();
-  for (int k = 0; k < NIn; ++k) strides[k + 1] = broadcast_strides(*in[k], out.sizes());
-  StridedLayout<NOps> L;
-  TORCH_INTERNAL_ASSERT(make_layout<NOps>(out.sizes(), strides, L));
   Inputs<T, NIn> ptrs{};
   const void* raw[NOps];
   raw[0] = out.data_ptr();
@@ -281,11 +277,11 @@ void launch_elementwise(const at::Tensor& out, const std::array<const at::Tensor
 }
 
 template <typename T>
-void map_typed(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
+void map_typed(const at::Tensor& out, const at::Tensor& x, const StridedLayout<2>& L, MapFn fn) {
   const std::array<const at::Tensor*, 1> in{&x};
   switch (fn) {
 #define POINTOPS_MAP_CASE(F) \
-  case MapFn::F: launch_elementwise<T, 1>(out, in, MapOp<MapFn::F>{}); break;
+  case MapFn::F: launch_elementwise<T, 1>(out, in, L, MapOp<MapFn::F>{}); break;
     POINTOPS_MAP_CASE(Id) POINTOPS_MAP_CASE(Neg) POINTOPS_MAP_CASE(Exp) POINTOPS_MAP_CASE(Log)
     POINTOPS_MAP_CASE(Sigmoid) POINTOPS_MAP_CASE(Relu) POINTOPS_MAP_CASE(Inv) POINTOPS_MAP_CASE(Tanh)
 #undef POINTOPS_MAP_CASE
@@ -293,11 +289,11 @@ void map_typed(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
 }
 
 template <typename T>
-void zip_typed(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
+void zip_typed(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const StridedLayout<3>& L, ZipFn fn) {
   const std::array<const at::Tensor*, 2> in{&a, &b};
   switch (fn) {
 #define POINTOPS_ZIP_CASE(F) \
-  case ZipFn::F: launch_elementwise<T, 2>(out, in, ZipOp<ZipFn::F>{}); break;
+  case ZipFn::F: launch_elementwise<T, 2>(out, in, L, ZipOp<ZipFn::F>{}); break;
     POINTOPS_ZIP_CASE(Add) POINTOPS_ZIP_CASE(Sub) POINTOPS_ZIP_CASE(Mul) POINTOPS_ZIP_CASE(Div)
     POINTOPS_ZIP_CASE(Max) POINTOPS_ZIP_CASE(Min) POINTOPS_ZIP_CASE(Pow) POINTOPS_ZIP_CASE(Lt)
     POINTOPS_ZIP_CASE(Eq) POINTOPS_ZIP_CASE(IsClose) POINTOPS_ZIP_CASE(ReluBack) POINTOPS_ZIP_CASE(LogBack)
@@ -306,16 +302,17 @@ void zip_typed(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, 
   }
 }
 
-void map_into_cuda(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
+void map_into_cuda(const at::Tensor& out, const at::Tensor& x, const StridedLayout<2>& L, MapFn fn) {
   const c10::cuda::CUDAGuard guard(out.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "strided_map_cuda",
-                                  [&] { map_typed<scalar_t>(out, x, fn); });
+                                  [&] { map_typed<scalar_t>(out, x, L, fn); });
 }
 
-void zip_into_cuda(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
+void zip_into_cuda(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const StridedLayout<3>& L,
+                   ZipFn fn) {
   const c10::cuda::CUDAGuard guard(out.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "strided_zip_cuda",
-                                  [&] { zip_typed<scalar_t>(out, a, b, fn); });
+                                  [&] { zip_typed<scalar_t>(out, a, b, L, fn); });
 }
 
 }  // namespace

@@ -37,38 +37,43 @@ struct MatmulCall {
   int64_t as0, as1, bs0, bs1, cs0, cs1;
 };
 
-using MapInto = void (*)(const at::Tensor& out, const at::Tensor& x, MapFn fn);
-using ZipInto = void (*)(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn);
+// L: the merged layout of out and its inputs (layout_of), computed once per call by the entry.
+using MapInto = void (*)(const at::Tensor& out, const at::Tensor& x, const StridedLayout<2>& L, MapFn fn);
+using ZipInto = void (*)(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, const StridedLayout<3>& L,
+                         ZipFn fn);
 using ReduceInto = void (*)(const at::Tensor& res, const at::Tensor& x, const ReducePlan& plan, ReduceFn fn);
 // c, a, b: the (expanded) operands; batch: the merged batch layout (operands c, a, b).
 using MatmulInto = void (*)(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
                             const StridedLayout<3>& batch, const MatmulCall& call);
 
-// Whether out and its inputs (broadcast to out) merge into kMaxDims dims.
-bool fits_layout(const at::Tensor& out, std::initializer_list<const at::Tensor*> inputs);
-
 template <MapInto Impl>
 void map_into(const at::Tensor& out, const at::Tensor& x, MapFn fn) {
   if (out.numel() == 0) return;
-  if (!fits_layout(out, {&x})) {  // contiguous operands always merge to one dim
+  StridedLayout<2> L;
+  if (!layout_of<2>(out, {&x}, L)) {  // contiguous operands always merge to one dim
     at::Tensor tmp = at::empty(out.sizes(), out.options());
-    Impl(tmp, x.expand(out.sizes()).contiguous(), fn);
+    const at::Tensor xc = x.expand(out.sizes()).contiguous();
+    TORCH_INTERNAL_ASSERT(layout_of<2>(tmp, {&xc}, L));
+    Impl(tmp, xc, L, fn);
     out.copy_(tmp);
     return;
   }
-  Impl(out, x, fn);
+  Impl(out, x, L, fn);
 }
 
 template <ZipInto Impl>
 void zip_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
   if (out.numel() == 0) return;
-  if (!fits_layout(out, {&a, &b})) {
+  StridedLayout<3> L;
+  if (!layout_of<3>(out, {&a, &b}, L)) {
     at::Tensor tmp = at::empty(out.sizes(), out.options());
-    Impl(tmp, a.expand(out.sizes()).contiguous(), b.expand(out.sizes()).contiguous(), fn);
+    const at::Tensor ac = a.expand(out.sizes()).contiguous(), bc = b.expand(out.sizes()).contiguous();
+    TORCH_INTERNAL_ASSERT(layout_of<3>(tmp, {&ac, &bc}, L));
+    Impl(tmp, ac, bc, L, fn);
     out.copy_(tmp);
     return;
   }
-  Impl(out, a, b, fn);
+  Impl(out, a, b, L, fn);
 }
 
 template <MapInto Impl>

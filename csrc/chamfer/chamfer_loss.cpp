@@ -1,0 +1,391 @@
+// The Chamfer loss without normals (pointops.chamfer_distance's common path) as one op with one
+// autograd node: the masks and reductions that chamfer_loss.py composed from ~6 torch ops (each a
+// Python call, an autograd node and a launch) run here, below autograd, and the backward writes
+// the per-point gradients directly. Semantics are chamfer_distance's (pointops/chamfer_loss.py):
+//   term[b, i] = w[b] f(d[b, i]), d the distance to the nearest point of the other cloud, 0 for
+//   padding and for a point whose partner cloud is empty; f = identity, or sqrt (squared = false);
+//   per cloud: "sum" or "mean" over its valid points (an empty mean is 0); the two directions added;
+//   batch: "sum", "mean" (divided by B, or by the weights' sum: 1 when it is 0) or none ((B,)).
+// "max" (Hausdorff), normals and point_reduction=None stay in Python.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <string>
+
+namespace pointops {
+
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_op(const at::Tensor& grad_dist, const at::Tensor& x,
+                                                                const at::Tensor& y, const at::Tensor& idx,
+                                                                int64_t norm);
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptionalTensor = c10::optional<at::Tensor>;
+
+enum class BatchReduction { None, Sum, Mean };
+
+BatchReduction parse_batch(const c10::optional<c10::string_view>& name) {
+  if (!name.has_value()) return BatchReduction::None;
+  if (*name == "sum") return BatchReduction::Sum;
+  TORCH_CHECK(*name == "mean", "batch_reduction must be 'mean', 'sum' or None, got '", std::string(*name), "'");
+  return BatchReduction::Mean;
+}
+
+bool parse_point_mean(c10::string_view name) {
+  TORCH_CHECK(name == "mean" || name == "sum", "_chamfer_distance: point_reduction must be 'mean' or 'sum', got '",
+              std::string(name), "'");
+  return name == "mean";
+}
+
+// Everything the forward computes and the backward needs.
+struct Pieces {
+  at::Tensor loss, dist1, dist2, idx1, idx2;  // dist*: the kernel's distances (+inf: empty partner)
+};
+
+// t in dtype; t itself when it has it already (never the same tensor as a new result: an op below
+// autograd must not return one of its inputs, and Tensor::to would).
+at::Tensor as_type(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t.view(t.sizes()) : t.to(dtype);
+}
+
+const at::Tensor& defined_or_empty(const OptionalTensor& t) {
+  static const at::Tensor undefined;
+  return t.has_value() ? *t : undefined;
+}
+
+// One direction's per-cloud value (B,): its terms d * w summed, over the valid count for "mean"
+// (an empty mean is 0), in the order chamfer_loss.py's torch ops used.
+at::Tensor direction_value(const at::Tensor& d, const at::Tensor& lengths, bool mean, const at::Tensor& w) {
+  const at::Tensor terms = w.defined() ? d * as_type(w.view({-1, 1}), d.scalar_type()) : d;
+  if (mean && lengths.defined()) return terms.sum(1) / as_type(lengths.clamp_min(1), d.scalar_type());
+  if (mean && d.size(1) > 0) return terms.mean(1);
+  return terms.sum(1);
+}
+
+// d value / d terms of one direction, (B, 1) or (1, 1): the weight over the count for "mean";
+// undefined for 1.
+at::Tensor direction_scale(const at::Tensor& d, const at::Tensor& lengths, bool mean, const at::Tensor& w) {
+  at::Tensor scale;
+  if (mean && lengths.defined()) {
+    scale = at::reciprocal(as_type(lengths.clamp_min(1), d.scalar_type())).view({-1, 1});
+  } else if (mean && d.size(1) > 1) {
+    scale = at::full({1, 1}, 1.0 / static_cast<double>(d.size(1)), d.options());
+  }
+  if (w.defined()) {
+    const at::Tensor wc = as_type(w.view({-1, 1}), d.scalar_type());
+    scale = scale.defined() ? scale * wc : wc;
+  }
+  return scale;
+}
+
+at::Tensor batch_reduce(const at::Tensor& per_cloud, BatchReduction br, const at::Tensor& w) {
+  if (br == BatchReduction::None) return per_cloud;
+  if (br == BatchReduction::Sum || per_cloud.size(0) == 0) return per_cloud.sum();  // an empty mean is 0
+  if (!w.defined()) return per_cloud.mean();
+  const at::Tensor weight_sum = as_type(w.sum(), per_cloud.scalar_type());
+  // all-zero weights: every term is already 0; dividing by 1 keeps the zero
+  return per_cloud.sum() / at::where(weight_sum > 0, weight_sum, at::ones_like(weight_sum));
+}
+
+// One direction's distances as the loss sees them: 0 where the partner cloud is empty (the kernel
+// reports +inf there), sqrt'ed when not squared.
+at::Tensor loss_distances(const at::Tensor& dist, const OptionalTensor& partner_lengths, int64_t partner_size,
+                          bool squared) {
+  at::Tensor d = dist;
+  if (partner_lengths.has_value() && partner_lengths->defined()) {
+    d = d.masked_fill((*partner_lengths == 0).view({-1, 1}), 0.0);
+  } else if (partner_size == 0) {
+    d = at::zeros_like(d);
+  }
+  return squared ? d : d.sqrt();  // d >= 0; sqrt(0) = 0
+}
+
+// ---- the CPU path: the same arithmetic as plain loops (a torch reduction's setup costs
+// microseconds, several times a small cloud's whole search). Sums in float64, rounded once.
+// A CPU tensor with real data: not a fake tensor (torch.compile's tracing), a functional wrapper or
+// a functorch wrapper, which the loops must not read.
+bool plain_cpu(const at::Tensor& t) {
+  static const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                            c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
+                                            c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Batched,
+                                            c10::DispatchKey::BatchedNestedTensor});
+  return t.is_cpu() && !t.key_set().has_any(wrapped);
+}
+
+struct CloudFactors {
+  std::vector<double> weight;                 // w[b], or empty for 1
+  std::vector<int64_t> lengths, partner_lengths;  // empty: every cloud full
+};
+
+std::vector<double> to_doubles(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  const at::Tensor d = as_type(t.detach(), at::kDouble).contiguous();
+  return std::vector<double>(d.const_data_ptr<double>(), d.const_data_ptr<double>() + d.numel());
+}
+
+std::vector<int64_t> to_longs(const OptionalTensor& t) {
+  if (!t.has_value() || !t->defined()) return {};
+  const at::Tensor l = as_type(*t, at::kLong).contiguous();
+  return std::vector<int64_t>(l.const_data_ptr<int64_t>(), l.const_data_ptr<int64_t>() + l.numel());
+}
+
+// d value[b] / d dist[b, i] before the point's own sqrt factor: the weight over the count ("mean").
+double cloud_scale(const CloudFactors& f, int64_t b, int64_t n, bool mean) {
+  double scale = f.weight.empty() ? 1.0 : f.weight[b];
+  if (mean && !f.lengths.empty()) scale /= static_cast<double>(std::max<int64_t>(f.lengths[b], 1));
+  else if (mean && n > 0) scale /= static_cast<double>(n);
+  return scale;
+}
+
+bool partner_empty(const CloudFactors& f, int64_t b, int64_t partner_size) {
+  return f.partner_lengths.empty() ? partner_size == 0 : f.partner_lengths[b] == 0;
+}
+
+// Adds one direction's per-cloud values to v.
+void add_direction_cpu(const at::Tensor& dist, const CloudFactors& f, int64_t partner_size, bool mean, bool squared,
+                       std::vector<double>& v) {
+  const int64_t B = dist.size(0), n = dist.size(1);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dist.scalar_type(), "chamfer_distance_cpu", [&] {
+    const scalar_t* d = dist.const_data_ptr<scalar_t>();  // the kernel's output: contiguous
+    for (int64_t b = 0; b < B; ++b) {
+      if (partner_empty(f, b, partner_size)) continue;  // PyTorch3D: such a direction contributes 0
+      double sum = 0;  // padding holds 0
+      for (int64_t i = 0; i < n; ++i) {
+        const double di = static_cast<double>(d[b * n + i]);
+        sum += squared ? di : std::sqrt(di);
+      }
+      v[b] += sum * cloud_scale(f, b, n, mean);
+    }
+  });
+}
+
+double batch_divisor(const std::vector<double>& weight, BatchReduction br, int64_t B) {
+  if (br != BatchReduction::Mean || B == 0) return 1.0;  // an empty mean is the empty sum, 0
+  if (weight.empty()) return static_cast<double>(B);
+  double total = 0;
+  for (double w : weight) total += w;
+  return total > 0 ? total : 1.0;  // all-zero weights: every term is 0 already
+}
+
+at::Tensor cpu_loss(const Pieces& p, const at::Tensor& x, const at::Tensor& y, const OptionalTensor& x_lengths,
+                    const OptionalTensor& y_lengths, const at::Tensor& w, bool mean, BatchReduction br, bool single,
+                    bool squared) {
+  const int64_t B = x.size(0);
+  const CloudFactors fx{to_doubles(w), to_longs(x_lengths), to_longs(y_lengths)};
+  std::vector<double> v(B, 0.0);
+  add_direction_cpu(p.dist1, fx, y.size(1), mean, squared, v);
+  if (!single) {
+    const CloudFactors fy{fx.weight, fx.partner_lengths, fx.lengths};
+    add_direction_cpu(p.dist2, fy, x.size(1), mean, squared, v);
+  }
+  if (br != BatchReduction::None) {
+    double total = 0;
+    for (double value : v) total += value;
+    v.assign(1, total / batch_divisor(fx.weight, br, B));
+  }
+  at::Tensor out = br == BatchReduction::None ? at::empty({B}, x.options()) : at::empty({}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "chamfer_distance_cpu", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    for (size_t b = 0; b < v.size(); ++b) o[b] = static_cast<scalar_t>(v[b]);
+  });
+  return out;
+}
+
+// The loss's gradient as doubles: (B,) values without a batch reduction, else one.
+std::vector<double> grad_values(const at::Tensor& g) {
+  std::vector<double> values(g.numel());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, g.scalar_type(), "chamfer_distance_backward_cpu", [&] {
+    const at::Tensor gc = g.contiguous();
+    const scalar_t* p = gc.const_data_ptr<scalar_t>();
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(p[i]);
+  });
+  return values;
+}
+
+// The gradient of the loss with respect to one direction's kernel distances, (B, n), on the CPU.
+at::Tensor cpu_direction_grad(const std::vector<double>& gv, const at::Tensor& dist, const CloudFactors& f,
+                              int64_t partner_size, bool mean, BatchReduction br, bool squared) {
+  const int64_t B = dist.size(0), n = dist.size(1);
+  const double g_all = br == BatchReduction::None ? 0.0 : gv[0] / batch_divisor(f.weight, br, B);
+  at::Tensor grad = at::empty_like(dist, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dist.scalar_type(), "chamfer_distance_backward_cpu", [&] {
+    const scalar_t* d = dist.const_data_ptr<scalar_t>();
+    scalar_t* out = grad.data_ptr<scalar_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      // padding and points of an empty partner have index -1: the backward op skips them
+      const double gb = (br == BatchReduction::None ? gv[b] : g_all) * cloud_scale(f, b, n, mean);
+      for (int64_t i = 0; i < n; ++i) {
+        double gi = gb;
+        if (!squared) {  // d sqrt(d) / dd = 1 / (2 sqrt(d)) where d > 0; 1 at d = 0 (its 2 (x - y) is 0)
+          const double di = static_cast<double>(d[b * n + i]);
+          gi = di > 0 ? gb * 0.5 / std::sqrt(di) : gb;
+        }
+        out[b * n + i] = static_cast<scalar_t>(gi);
+      }
+    }
+  });
+  return grad;
+}
+
+Pieces forward_pieces(const at::Tensor& x, const at::Tensor& y, const OptionalTensor& x_lengths,
+                      const OptionalTensor& y_lengths, const OptionalTensor& weights, bool point_mean,
+                      BatchReduction br, int64_t norm, bool single, bool squared) {
+  Pieces p;
+  const at::Tensor& w = defined_or_empty(weights);
+  if (single) {
+    static auto nn = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pointops::nearest_neighbor", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                   const OptionalTensor&, const OptionalTensor&,
+                                                                   int64_t)>();
+    std::tie(p.dist1, p.idx1) = nn.call(x, y, x_lengths, y_lengths, norm);
+  } else {
+    static auto ch = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("pointops::chamfer", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                             const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
+                             int64_t)>();
+    std::tie(p.dist1, p.dist2, p.idx1, p.idx2) = ch.call(x, y, x_lengths, y_lengths, norm);
+  }
+  if (plain_cpu(x) && plain_cpu(p.dist1)) {
+    p.loss = cpu_loss(p, x, y, x_lengths, y_lengths, w, point_mean, br, single, squared);
+    return p;
+  }
+  at::Tensor per_cloud =
+      direction_value(loss_distances(p.dist1, y_lengths, y.size(1), squared), defined_or_empty(x_lengths), point_mean, w);
+  if (!single) {
+    per_cloud = per_cloud + direction_value(loss_distances(p.dist2, x_lengths, x.size(1), squared),
+                                            defined_or_empty(y_lengths), point_mean, w);
+  }
+  p.loss = batch_reduce(per_cloud, br, w);
+  return p;
+}
+
+// ---- the backward with torch ops (CUDA, and any device when the backward itself is differentiated)
+// The per-cloud gradient: (B, 1) without a batch reduction, else (1, 1).
+at::Tensor cloud_grad(const at::Tensor& grad, BatchReduction br, const at::Tensor& w, int64_t B) {
+  if (br == BatchReduction::None) return grad.view({B, 1});
+  at::Tensor g = grad;
+  if (br == BatchReduction::Mean && B > 0) {
+    if (w.defined()) {
+      const at::Tensor weight_sum = as_type(w.sum(), g.scalar_type());
+      g = g / at::where(weight_sum > 0, weight_sum, at::ones_like(weight_sum));
+    } else {
+      g = g / static_cast<double>(B);
+    }
+  }
+  return g.view({1, 1});
+}
+
+// One direction's gradient with respect to the kernel's distances. With sqrt the factor depends on
+// the distance, which is recomputed from the points (indices fixed) when a graph is being built, so
+// that second derivatives see it; sqrt's derivative is taken as 1 at 0 (as chamfer_loss.py's
+// _sqrt_zero_grad_at_zero: the point's 2 (x - y) is 0 there anyway).
+at::Tensor torch_direction_grad(const at::Tensor& g, const at::Tensor& x, const at::Tensor& y, const at::Tensor& idx,
+                                const at::Tensor& dist, const at::Tensor& lengths, const at::Tensor& partner_lengths,
+                                const at::Tensor& w, bool mean, bool squared) {
+  const at::Tensor scale = direction_scale(dist, lengths, mean, w);
+  at::Tensor grad = (scale.defined() ? g * scale : g).expand(dist.sizes());
+  if (squared) return grad;
+  at::Tensor d;
+  if (at::GradMode::is_enabled() && y.size(1) > 0) {  // squared=False is norm 2: |x - y[idx]|^2
+    const at::Tensor gather = idx.clamp_min(0).unsqueeze(-1).expand({x.size(0), idx.size(1), x.size(2)});
+    d = at::where(idx >= 0, (x - y.gather(1, gather)).pow(2).sum(-1), at::zeros({}, x.options()));
+  } else {
+    d = loss_distances(dist, partner_lengths, y.size(1), true);
+  }
+  const at::Tensor positive = d > 0;
+  const at::Tensor root = at::where(positive, at::where(positive, d, at::ones_like(d)).sqrt(), d);
+  return grad * at::where(positive, 0.5 / at::where(positive, root, at::ones_like(root)), at::ones_like(root));
+}
+
+class ChamferDistanceFunction : public torch::autograd::Function<ChamferDistanceFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
+                            const OptionalTensor& x_lengths, const OptionalTensor& y_lengths,
+                            const OptionalTensor& weights, c10::string_view point_reduction,
+                            c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single, bool squared) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const BatchReduction br = parse_batch(batch_reduction);
+    Pieces p = forward_pieces(x, y, x_lengths, y_lengths, weights, parse_point_mean(point_reduction), br, norm,
+                              single, squared);
+    ctx->save_for_backward({x, y, p.dist1, p.dist2, p.idx1, p.idx2, defined_or_empty(x_lengths),
+                            defined_or_empty(y_lengths), defined_or_empty(weights)});
+    // one entry (each costs a hashed string key): batch reduction, norm, and three flags
+    ctx->saved_data["options"] = static_cast<int64_t>(br) | norm << 2 | int64_t{parse_point_mean(point_reduction)} << 4 |
+                                 int64_t{single} << 5 | int64_t{squared} << 6;
+    return p.loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const at::Tensor &x = s[0], &y = s[1], &idx1 = s[4], &idx2 = s[5], &xl = s[6], &yl = s[7], &w = s[8];
+    const int64_t options = ctx->saved_data["options"].toInt();
+    const auto br = static_cast<BatchReduction>(options & 3);
+    const int64_t norm = (options >> 2) & 3;
+    const bool mean = options >> 4 & 1, single = options >> 5 & 1, squared = options >> 6 & 1;
+    at::Tensor grad_d1, grad_d2;
+    if (plain_cpu(x) && plain_cpu(s[2]) && plain_cpu(grads[0]) && !at::GradMode::is_enabled()) {  // no graph of the backward wanted: plain loops
+      const CloudFactors fx{to_doubles(w), to_longs(xl), to_longs(yl)};
+      const std::vector<double> g = grad_values(grads[0]);
+      grad_d1 = cpu_direction_grad(g, s[2], fx, y.size(1), mean, br, squared);
+      if (!single) {
+        const CloudFactors fy{fx.weight, fx.partner_lengths, fx.lengths};
+        grad_d2 = cpu_direction_grad(g, s[3], fy, x.size(1), mean, br, squared);
+      }
+    } else {
+      const at::Tensor g = cloud_grad(grads[0], br, w, x.size(0));
+      grad_d1 = torch_direction_grad(g, x, y, idx1, s[2], xl, yl, w, mean, squared);
+      if (!single) grad_d2 = torch_direction_grad(g, y, x, idx2, s[3], yl, xl, w, mean, squared);
+    }
+    auto [grad_x, grad_y] = nearest_neighbor_backward_op(grad_d1, x, y, idx1, norm);
+    if (!single) {
+      auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grad_d2, y, x, idx2, norm);
+      grad_x.add_(grad_x2);  // fresh tensors of the backward op (autograd records this when building a graph)
+      grad_y.add_(grad_y2);
+    }
+    return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+// Below autograd (every backend, fake tensors included): the composite forward.
+at::Tensor chamfer_distance_composite(const at::Tensor& x, const at::Tensor& y, const OptionalTensor& x_lengths,
+                                      const OptionalTensor& y_lengths, const OptionalTensor& weights,
+                                      c10::string_view point_reduction,
+                                      c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single,
+                                      bool squared) {
+  return forward_pieces(x, y, x_lengths, y_lengths, weights, parse_point_mean(point_reduction),
+                        parse_batch(batch_reduction), norm, single, squared)
+      .loss;
+}
+
+at::Tensor chamfer_distance_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& y,
+                                     const OptionalTensor& x_lengths, const OptionalTensor& y_lengths,
+                                     const OptionalTensor& weights, c10::string_view point_reduction,
+                                     c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single,
+                                     bool squared) {
+  TORCH_CHECK(!(weights.has_value() && weights->defined() && weights->requires_grad()),
+              "_chamfer_distance: weights that require grad take chamfer_distance's general path");
+  if (!at::GradMode::is_enabled() || !(x.requires_grad() || y.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return chamfer_distance_composite(x, y, x_lengths, y_lengths, weights, point_reduction, batch_reduction, norm,
+                                      single, squared);
+  }
+  return ChamferDistanceFunction::apply(x, y, x_lengths, y_lengths, weights, point_reduction, batch_reduction, norm,
+                                        single, squared);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pointops, CompositeExplicitAutograd, m) {
+  m.impl("_chamfer_distance", &chamfer_distance_composite);
+}
+
+TORCH_LIBRARY_IMPL(pointops, Autograd, m) { m.impl("_chamfer_distance", &chamfer_distance_autograd); }
+
+}  // namespace pointops
