@@ -185,7 +185,7 @@ def neighbors_cases():
         for K in (8, 40):
             same(pointops.ball_query(q, r, *lens, K=K, radius=0.08)[:2],
                  pointops.ball_query(q.cpu(), r.cpu(), *(t.cpu() for t in lens), K=K, radius=0.08)[:2],
-                 ("spatial ball", dim, K))
+                 ("ball, spatial cases", dim, K))
     # backward over (B, N, K) indices, atomic and deterministic
     a = torch.randn(2, 300, 3, device="cuda", requires_grad=True)
     b = torch.randn(2, 400, 3, device="cuda", requires_grad=True)

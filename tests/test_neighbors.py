@@ -779,26 +779,24 @@ def test_cuda_knn_spatial_order_matches_cpu_bitwise(dtype, dim, monkeypatch):
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
 @pytest.mark.parametrize("dim", [2, 3])
-def test_cuda_ball_query_spatial_order_matches_cpu_bitwise(dtype, dim, monkeypatch):
-    # ball_query in spatial order (float32 compute, K <= 64) keeps the smallest indices inside each
-    # ball whatever order it scans in, and skips boxes outside the balls: the first K in index
-    # order, as the CPU. Radii per case of spatial_cases: a few to a few hundred points inside.
+def test_cuda_ball_query_on_spatial_cases_matches_cpu_bitwise(dtype, dim):
+    # The spatial order's hard cases (far from the origin, lattice ties, all points equal, a line)
+    # for ball_query, which scans in index order on CUDA. Radii per case: a few to a few hundred
+    # points inside.
     radii = [0.35, 14.0, 1.5, 0.1, 0.05]
-    for order in ("1", "0"):
-        monkeypatch.setenv("POINTOPS_SPATIAL_ORDER", order)
-        for (p1, p2, l1, l2), radius in zip(spatial_cases(dim, dtype, seed=110 + dim), radii):
-            gpu_args = [t.cuda() if t is not None else None for t in (p1, p2, l1, l2)]
-            for K in (1, 8, 17, 40, 64, 65):  # 65: past the spatial lists, index order
-                cpu = torch.ops.pointops.ball_query(p1, p2, l1, l2, K, radius)
-                gpu = torch.ops.pointops.ball_query(*gpu_args, K, radius)
-                assert torch.equal(gpu[1].cpu(), cpu[1]), (order, p2.shape, radius, K)
-                assert torch.equal(gpu[0].cpu(), cpu[0]), (order, p2.shape, radius, K)
+    for (p1, p2, l1, l2), radius in zip(spatial_cases(dim, dtype, seed=110 + dim), radii):
+        gpu_args = [t.cuda() if t is not None else None for t in (p1, p2, l1, l2)]
+        for K in (1, 8, 17, 40, 64, 65):
+            cpu = torch.ops.pointops.ball_query(p1, p2, l1, l2, K, radius)
+            gpu = torch.ops.pointops.ball_query(*gpu_args, K, radius)
+            assert torch.equal(gpu[1].cpu(), cpu[1]), (p2.shape, radius, K)
+            assert torch.equal(gpu[0].cpu(), cpu[0]), (p2.shape, radius, K)
 
 
 @requires_cuda
-def test_cuda_spatial_order_at_benchmark_scale():
-    # The automatic choice at a training size (knn_points: spatial order for K > 16; ball_query:
-    # for K <= 64), against the index order and, on sampled queries, against the float64 oracle.
+def test_cuda_knn_spatial_order_at_benchmark_scale():
+    # The automatic choice at a training size (spatial order for K > 16), against the index order
+    # and, on sampled queries, against the float64 oracle.
     g = torch.Generator(device="cuda").manual_seed(5)
     p1, p2 = torch.rand(3, 8192, 3, generator=g, device="cuda"), torch.rand(3, 8192, 3, generator=g, device="cuda")
     for K in (16, 33, 64):
@@ -810,13 +808,6 @@ def test_cuda_spatial_order_at_benchmark_scale():
         rows = torch.arange(0, 8192, 97)
         cand = candidates(p1[:, rows], p2)
         check_knn(auto[0][:, rows], auto[1][:, rows], cand, K, torch.float32, 3)
-    for K in (16, 64):  # ball query: spatial order (auto) against index order
-        auto = torch.ops.pointops.ball_query(p1, p2, None, None, K, 0.1)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("POINTOPS_SPATIAL_ORDER", "0")
-            index_order = torch.ops.pointops.ball_query(p1, p2, None, None, K, 0.1)
-        assert torch.equal(auto[1], index_order[1]) and torch.equal(auto[0], index_order[0])
-        assert (auto[1] >= 0).sum() > 0.25 * auto[1].numel()  # ~34 points per ball: not a vacuous check
 
 
 @requires_cuda

@@ -6,12 +6,6 @@
 // of its queries has K. Small batches split the reference cloud
 // across blocks: each split keeps its own first K and a merge concatenates the splits in order up
 // to K, which is the first K in index order again.
-//
-// Large float32 clouds in 2-D and 3-D (K <= 64) run in spatial order instead (ball_query_spatial_*
-// below): the clouds are sorted along a Morton curve, each warp of neighbouring queries skips
-// every box of 64 sorted points that lies provably outside all of its balls, and each thread keeps
-// the smallest indices found inside its ball (so the first K in index order, as above).
-
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
@@ -21,7 +15,6 @@
 #include "common/point_tile.cuh"
 #include "neighbors/neighbors.h"
 #include "neighbors/search_cuda.cuh"
-#include "neighbors/spatial_order_cuda.cuh"
 
 namespace pointops {
 namespace {
@@ -169,180 +162,6 @@ __global__ void ball_query_merge_kernel(BallArgs<acc_t> a) {
   }
 }
 
-// ---- spatial order (float32 compute, D = 2, 3, K <= 64; spatial_order_cuda.cuh)
-
-constexpr int kBoxPoints = 64;                 // sorted reference points per bounding box
-constexpr int kBoxesPerTile = kTile / kBoxPoints;
-constexpr int64_t kMaxSpatialK = 64;
-constexpr int32_t kNoIndex = std::numeric_limits<int32_t>::max();  // an empty slot of a list
-
-struct BallSpatialOrder {
-  const float* sorted_refs;   // (B, M, D)
-  const int64_t* query_perm;  // (B, N)
-  const int32_t* ref_index;   // (B, M)
-  const float* box_bounds;    // (B, boxes, 2, D)
-  int64_t boxes;
-};
-
-// Inserts index j into an ascending list, given j < idx[KP - 1] (the last entry drops out).
-template <int KP>
-__device__ __forceinline__ void insert_index(int32_t (&idx)[KP], int32_t j) {
-#pragma unroll
-  for (int k = KP - 1; k > 0; --k) {
-    const bool shift = j < idx[k - 1];
-    const bool place = !shift && j < idx[k];
-    idx[k] = shift ? idx[k - 1] : (place ? j : idx[k]);
-  }
-  if (j < idx[0]) idx[0] = j;
-}
-
-// Each thread keeps the KP smallest reference indices inside its ball (any scan order gives the
-// same list) and writes the first K with their distances, recomputed from the original points by
-// the same operations (bitwise the values the index-order kernel and the CPU compute).
-template <int D, int KP>
-__global__ void __launch_bounds__(kThreads) ball_query_spatial_kernel(BallArgs<float> a, BallSpatialOrder o) {
-  using Point = SharedPoint<float, D>;
-  __shared__ uint8_t queue[kTile / kGroup * kThreads];
-  __shared__ Point tile[kTile];
-  __shared__ int32_t tile_index[kTile];
-
-  const int64_t b = blockIdx.x / a.chunks, chunk = blockIdx.x % a.chunks;
-  const int64_t n_valid = a.lengths1 ? a.lengths1[b] : a.N;
-  const int64_t m_valid = a.lengths2 ? a.lengths2[b] : a.M;
-  const int64_t s = chunk * kThreads + threadIdx.x;                 // position in sorted order
-  const int64_t i = s < a.N ? o.query_perm[b * a.N + s] : s;        // the query
-  const bool valid = s < n_valid;                                   // valid queries sort first
-  float q[D];
-  bool finite = valid;
-#pragma unroll
-  for (int c = 0; c < D; ++c) {
-    q[c] = valid ? a.p1[(b * a.N + i) * D + c] : 0.0f;
-    finite = finite && isfinite(q[c]);
-  }
-  int32_t list[KP];
-#pragma unroll
-  for (int k = 0; k < KP; ++k) list[k] = kNoIndex;
-  const float* refs = o.sorted_refs + b * a.M * D;
-
-  if (chunk * kThreads < n_valid && m_valid > 0) {  // block-uniform
-    const int64_t tile_count = ceil_div<int64_t>(m_valid, kTile);
-    for (int64_t t = 0; t < tile_count; ++t) {
-      // Bit x: box x of the tile lies provably outside this query's ball (a box past the cloud,
-      // or a query that matches nothing, counts as outside).
-      unsigned far = 0;
-#pragma unroll
-      for (int x = 0; x < kBoxesPerTile; ++x) {
-        const int64_t box_index = t * kBoxesPerTile + x;
-        bool outside = true;
-        if (finite && box_index < o.boxes) {
-          const float* box = o.box_bounds + (b * o.boxes + box_index) * 2 * D;
-          float bound = 0.0f;
-#pragma unroll
-          for (int c = 0; c < D; ++c) {
-            const float gap = ::fmaxf(::fmaxf(box[c] - q[c], q[c] - box[D + c]), 0.0f);
-            bound = c == 0 ? coordinate_term<Metric::kSquaredL2>(gap)
-                           : add_coordinate_term<Metric::kSquaredL2>(gap, bound);
-          }
-          outside = provably_farther(bound, a.r2);
-        }
-        far |= static_cast<unsigned>(outside) << x;
-      }
-      // Also the barrier after the previous tile's reads.
-      if (__syncthreads_and(far == (1u << kBoxesPerTile) - 1)) continue;
-      unsigned warp_far = 0;  // the boxes no query of the warp needs (warp-uniform)
-#pragma unroll
-      for (int x = 0; x < kBoxesPerTile; ++x) {
-        warp_far |= static_cast<unsigned>(__all_sync(0xffffffffu, (far >> x) & 1u)) << x;
-      }
-      const int64_t tile_begin = t * kTile;
-      for (int u = threadIdx.x; u < kTile; u += kThreads) {
-        const int64_t j = tile_begin + u;
-        Point p;
-#pragma unroll
-        for (int c = 0; c < padded_dim<D>(); ++c) {
-          p.c[c] = c >= D ? 0.0f : (j < m_valid ? refs[j * D + c] : std::numeric_limits<float>::infinity());
-        }
-        tile[u] = p;
-        tile_index[u] = j < m_valid ? o.ref_index[b * a.M + j] : kNoIndex;
-      }
-      __syncthreads();
-      int queued = 0;
-      for (int g = 0; g < kTile / kGroup; ++g) {
-        if ((warp_far >> (g * kGroup / kBoxPoints)) & 1u) continue;
-        float m = point_distance<D, Metric::kSquaredL2>(q, tile[g * kGroup].c);
-#pragma unroll
-        for (int u = 1; u < kGroup; ++u) m = ::fminf(m, point_distance<D, Metric::kSquaredL2>(q, tile[g * kGroup + u].c));
-        if (valid && m < a.r2) queue[queued++ * kThreads + threadIdx.x] = static_cast<uint8_t>(g);
-      }
-      for (int e = 0; e < queued; ++e) {
-        const int g = queue[e * kThreads + threadIdx.x];
-#pragma unroll
-        for (int u = 0; u < kGroup; ++u) {
-          const float d = point_distance<D, Metric::kSquaredL2>(q, tile[g * kGroup + u].c);
-          const int32_t j = tile_index[g * kGroup + u];
-          if (d < a.r2 && j < list[KP - 1]) insert_index<KP>(list, j);
-        }
-      }
-    }
-  }
-
-  if (s < a.N) {  // padded queries too: no neighbour
-    const int64_t row = b * a.N + i;
-#pragma unroll
-    for (int k = 0; k < KP; ++k) {
-      if (k >= a.K) break;
-      const int32_t j = list[k];
-      float d = 0.0f;
-      if (j != kNoIndex) d = point_distance<D, Metric::kSquaredL2>(q, a.p2 + (b * a.M + j) * D);
-      a.dists[row * a.K + k] = d;
-      a.idx[row * a.K + k] = j != kNoIndex ? j : -1;
-    }
-  }
-}
-
-template <int D>
-void ball_query_spatial_launch(BallArgs<float>& a, const at::Tensor& p1, const at::Tensor& p2, const at::Tensor& len1,
-                               const at::Tensor& len2) {
-  const SpatialOrder order = spatial_order_cuda(p1, p2, len1, len2, kBoxPoints);
-  BallSpatialOrder o{order.refs.data_ptr<float>(), order.query_perm.data_ptr<int64_t>(),
-                     order.ref_index.data_ptr<int32_t>(), order.box_bounds.data_ptr<float>(), order.box_bounds.size(1)};
-  const SearchPlan plan = plan_search(a.B, a.N, a.M, kThreads, kTile, 1, /*max_splits=*/1);
-  a.chunks = plan.chunks;
-  a.splits = 1;
-  const auto stream = c10::cuda::getCurrentCUDAStream();
-  auto launch = [&](auto kernel) {
-    kernel<<<plan.grid, kThreads, 0, stream>>>(a, o);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  if (a.K <= 16) {
-    launch(ball_query_spatial_kernel<D, 16>);
-  } else if (a.K <= 32) {
-    launch(ball_query_spatial_kernel<D, 32>);
-  } else {
-    launch(ball_query_spatial_kernel<D, 64>);
-  }
-}
-
-// Runs the search in spatial order and returns true where there is a variant for it (float32
-// compute, D = 2, 3, K <= 64) and use_spatial_order says so.
-template <typename acc_t>
-bool ball_query_in_spatial_order(BallArgs<acc_t>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&) {
-  return false;
-}
-
-template <>
-bool ball_query_in_spatial_order<float>(BallArgs<float>& a, const at::Tensor& p1, const at::Tensor& p2,
-                                        const at::Tensor& len1, const at::Tensor& len2) {
-  if (a.K > kMaxSpatialK || !use_spatial_order(a.B, a.N, a.M, a.dim)) return false;
-  if (a.dim == 2) {
-    ball_query_spatial_launch<2>(a, p1, p2, len1, len2);
-  } else {
-    ball_query_spatial_launch<3>(a, p1, p2, len1, len2);
-  }
-  return true;
-}
-
 template <typename acc_t, int D>
 void ball_query_launch(BallArgs<acc_t>& a, const at::Tensor& dists) {
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -403,7 +222,6 @@ std::tuple<at::Tensor, at::Tensor> ball_query_cuda(const at::Tensor& p1, const a
                   " coordinates are too wide for the CUDA kernel (at most ", kMaxTileBytes / (kGroup * sizeof(acc_t)),
                   ")");
       a.tile_points = static_cast<int>(std::min<int64_t>(kTile, any_dim_tile));
-      if (ball_query_in_spatial_order(a, q, r, len1, len2)) return;
       dispatch_dim(dim, [&](auto dim_tag) { ball_query_launch<acc_t, decltype(dim_tag)::value>(a, dists); });
     });
   }
