@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment_line, markdown_table  # noqa: E402
+from common import environment_line, markdown_table, time_ms  # noqa: E402
 
 import pointops  # noqa: E402
 from pointops import strided  # noqa: E402
@@ -49,18 +49,7 @@ def host_us(fn, calls, batches):
 
 def cuda_ms(fn, repeat=50):
     """CUDA-event time (ms) of one call, dispatch included: median of repeats."""
-    for _ in range(5):
-        fn()
-    times = []
-    torch.cuda.synchronize()
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return time_ms(fn, warmup=5, repeat=repeat, cuda=True)
 
 
 # ---------------------------------------------------------------- the rows

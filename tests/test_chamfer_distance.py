@@ -389,6 +389,19 @@ def test_value_errors(device):
 
 
 # ---------------------------------------------------------------- torch.compile
+def assert_compiled_matches_eager(loss_fn, tensors):
+    """loss_fn compiled with fullgraph=True gives the eager loss and gradients (float32 rounding)."""
+    compiled = torch.compile(loss_fn, fullgraph=True)
+    results = []
+    for fn in (loss_fn, compiled):
+        args = [t.clone().requires_grad_() for t in tensors]
+        loss = fn(*args)
+        loss.backward()
+        results.append([loss.detach()] + [a.grad for a in args])
+    for e, c in zip(*results):
+        torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph_matches_eager(device):
     torch._dynamo.reset()
@@ -400,15 +413,7 @@ def test_compile_fullgraph_matches_eager(device):
         hausdorff, _ = pointops.chamfer_distance(a, b, point_reduction="max")
         return loss + loss_n + hausdorff
 
-    compiled = torch.compile(loss_fn, fullgraph=True)
-    results = []
-    for fn in (loss_fn, compiled):
-        args = [t.clone().requires_grad_() for t in (x, y, xn, yn)]
-        loss = fn(*args)
-        loss.backward()
-        results.append([loss.detach()] + [a.grad for a in args])
-    for e, c in zip(*results):
-        torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6)
+    assert_compiled_matches_eager(loss_fn, (x, y, xn, yn))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -424,15 +429,7 @@ def test_fused_loss_compiles_fullgraph(device):
         single, _ = pointops.chamfer_distance(a, b, batch_reduction=None, single_directional=True, norm=1)
         return plain + ragged + single.sum()
 
-    compiled = torch.compile(loss_fn, fullgraph=True)
-    results = []
-    for fn in (loss_fn, compiled):
-        args = [t.clone().requires_grad_() for t in (x, y)]
-        loss = fn(*args)
-        loss.backward()
-        results.append([loss.detach()] + [a.grad for a in args])
-    for e, c in zip(*results):
-        torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6)
+    assert_compiled_matches_eager(loss_fn, (x, y))
 
 
 @pytest.mark.parametrize("device", DEVICES)
