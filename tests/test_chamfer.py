@@ -280,7 +280,9 @@ def gradient_error_bound(x, y, idx1, idx2, g1, g2, norm=2):
     """Per-element bound on |computed - exact| gradient: every contribution 2 g (a - b) (L1:
     g sign(a - b)) is computed in the accumulate type; each reference point sums up to k of them there ((k + 3)
     roundings, relative to the sum of their magnitudes); each direction is rounded once to the
-    output dtype and the two directions are added in it (3 roundings of the output dtype)."""
+    output dtype and the two directions are added in it (3 roundings of the output dtype, each off by
+    at most half the dtype's subnormal spacing in absolute terms where the result is subnormal:
+    float16 gradients of a few 1e-6 are)."""
     xd, yd = x.detach().double().cpu(), y.detach().double().cpu()
     def magnitudes(a, b, idx, g):
         gathered = b.gather(1, idx.clamp(min=0)[..., None].expand(-1, -1, a.shape[-1]))
@@ -293,7 +295,8 @@ def gradient_error_bound(x, y, idx1, idx2, g1, g2, norm=2):
     my2, mx2, k2 = magnitudes(yd, xd, idx2.cpu(), g2)
     acc, out = accumulate_unit(x.dtype), UNIT[x.dtype]
     rel = (max(k1, k2) + 3) * acc + 3 * out
-    return rel * (mx1 + mx2), rel * (my1 + my2)
+    tiny = 3 * 0.5 * torch.finfo(x.dtype).smallest_normal * 2 * UNIT[x.dtype]  # 3 x half the subnormal spacing
+    return rel * (mx1 + mx2) + tiny, rel * (my1 + my2) + tiny
 
 
 @pytest.mark.parametrize("device", DEVICES)
