@@ -323,6 +323,25 @@ def test_chamfer_loss_module(device):
 # ---------------------------------------------------------------- gradients
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("norm", [1, 2])
+@pytest.mark.parametrize("point_reduction", ["mean", "sum"])
+def test_gradcheck_fused_loss(device, norm, point_reduction):
+    # No normals, mean / sum: the one-op path (_chamfer_distance and its C++ node), ragged and
+    # weighted, each batch reduction, both directions and one, squared and not.
+    x, y, _, _, xl, yl = clouds(device, seed=6, P1=7, P2=6)
+    w = torch.tensor([0.5, 2.0, 1.0, 1.5], dtype=torch.float64, device=device)
+    x.requires_grad_()
+    y.requires_grad_()
+    for batch_reduction in ("mean", "sum", None):
+        for single in (False, True):
+            for squared in (True, False) if norm == 2 else (True,):  # squared=False is norm=2's
+                fn = lambda a, b: pointops.chamfer_distance(  # noqa: E731
+                    a, b, xl, yl, weights=w, point_reduction=point_reduction, batch_reduction=batch_reduction,
+                    single_directional=single, norm=norm, squared=squared)[0]
+                assert torch.autograd.gradcheck(fn, (x, y))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm", [1, 2])
 @pytest.mark.parametrize("point_reduction", ["mean", "sum", "max"])
 def test_gradcheck_points_and_normals(device, norm, point_reduction):
     x, y, xn, yn, xl, yl = clouds(device, seed=5, P1=7, P2=6)
