@@ -203,21 +203,31 @@ def neighbors_cases():
     pointops.knn_points(empty, p2.expand(2, -1, -1), K=4)
     pointops.knn_points(p1.expand(2, -1, -1), empty, K=4)
     pointops.ball_query(empty, empty, K=4, radius=0.1)
-    # farthest points: one block; a cluster with points past the register part; the whole grid, with
-    # and without points past shared memory (D = 1000)
-    for B, N, D, K in ((3, 500, 3, 40), (2, 30_000, 3, 300), (1, 100_000, 3, 50), (1, 400_000, 3, 64),
-                       (1, 9000, 1000, 20)):
-        pts = torch.rand(B, N, D, device="cuda")
-        same(pointops.sample_farthest_points(pts, K=K), pointops.sample_farthest_points(pts.cpu(), K=K), ("fps", N))
-    assert torch.equal(pointops.fps(x, bx, 0.3, random_start=False).cpu(),
-                       pointops.fps(x.cpu(), bx.cpu(), 0.3, random_start=False))
-    pointops.sample_farthest_points(empty, K=3)
     torch.cuda.synchronize()
     print("neighbors cases ok")
 
 
+def farthest_points_cases():
+    # one block; a cluster with its slices in registers; a cluster with points past the registers
+    # (in shared memory); the whole grid in registers; the grid past registers; the grid past
+    # shared memory (D = 1000); float64
+    for B, N, D, K, dtype in ((3, 500, 3, 40, torch.float32), (2, 30_000, 3, 300, torch.float32),
+                              (1, 100_000, 3, 50, torch.float32), (1, 400_000, 3, 64, torch.float32),
+                              (1, 1_600_000, 3, 16, torch.float32), (1, 9000, 1000, 20, torch.float32),
+                              (2, 20_000, 2, 30, torch.float64)):
+        pts = torch.rand(B, N, D, device="cuda", dtype=dtype)
+        assert torch.equal(pointops.sample_farthest_points(pts, K=K)[1].cpu(),
+                           pointops.sample_farthest_points(pts.cpu(), K=K)[1]), ("fps", N)
+    x, bx = torch.rand(900, 3, device="cuda"), torch.randint(0, 3, (900,), device="cuda")
+    assert torch.equal(pointops.fps(x, bx, 0.3, random_start=False).cpu(),
+                       pointops.fps(x.cpu(), bx.cpu(), 0.3, random_start=False))
+    pointops.sample_farthest_points(torch.zeros(2, 0, 3, device="cuda"), K=3)
+    torch.cuda.synchronize()
+    print("farthest points cases ok")
+
+
 CASES = {"chamfer": chamfer_cases, "voxelize": voxelize_cases, "particle_sum": particle_sum_cases,
-         "strided": strided_cases, "neighbors": neighbors_cases}
+         "strided": strided_cases, "neighbors": neighbors_cases, "farthest_points": farthest_points_cases}
 
 if __name__ == "__main__":
     # python scripts/sanitize_cases.py [family ...]: the named families, or all of them

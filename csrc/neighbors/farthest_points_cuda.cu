@@ -5,19 +5,30 @@
 // cloud, each block a contiguous slice of it: D = 2, 3 in registers (each thread's first points)
 // and shared memory rows [coords..., mind], any D in shared memory rows. One step: each thread
 // lowers the mind of its points to their distance to the newest sample and keeps its best (largest
-// mind, ties -> smallest index); warps, then the block, reduce those; the block publishes its best
-// (with coordinates) to a slot that every block of the group reads; one group barrier; then every
-// block reduces the slots itself, so all of them know the next sample without a second exchange.
-// Slots are double-buffered by step parity, which makes one barrier per step enough: a block
-// writes the slots of parity p again only after the next barrier, which no block reaches before it
-// has read them.
+// mind, ties -> smallest index); each warp reduces those with two hardware reductions over an
+// ordered key (the mind's bits, then the smallest index among the largest); the warps' bests meet
+// in shared memory; a block publishes its best (with coordinates) to a slot that its group reads;
+// one group barrier; then the group's best is reduced again from the slots, so every block knows
+// the next sample without a second exchange. Slots are double-buffered by step parity, which makes
+// one barrier per step enough: a block writes the slots of parity p again only after the next
+// barrier, which no block reaches before it has read them.
+//
+// The step is a chain of dependent latencies, not throughput: 16 x 65536 -> 4096 on an H100 spends
+// ~1.4 us a step, of which the pass over a block's points is ~0.5 us. So every reduction is a REDUX
+// pair, not a shuffle tree; clusters exchange with st.async on mbarriers instead of cluster.sync()
+// (2.13 -> 1.53 us a step, with the unrolled shared-memory tier); and the grid's slots are read by
+// one warp per block, not by every warp, behind an arrival count instead of grid.sync() (1 x 2^20
+// -> 16384: 13.4 -> 3.4 us a step; 132 blocks x 8 warps each reading all 132 slots put ~0.5M L2
+// requests on a few cache lines per step). scripts/debug/fps_probe.py builds and times this file alone.
 //
 // Groups, by cloud size:
-//  - one block, when the cloud fits one block's shared memory: the barrier is __syncthreads;
+//  - one block, when the cloud fits one block's shared memory: the barrier is __syncthreads, and
+//    every warp reduces the warps' bests itself;
 //  - a thread-block cluster of 2..8 blocks (sm_90): slots in every block's shared memory, written
 //    through distributed shared memory; cluster.sync();
 //  - the whole grid (cooperative launch), one cloud after another, for larger clouds: slots in
-//    global memory; grid.sync(). Points past a block's shared memory are read from global memory.
+//    global memory, a fused arrive-and-wait on an arrival count (arrive_release below). Points past
+//    a block's shared memory are read from global memory.
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
@@ -25,6 +36,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "common/cuda_utils.cuh"
 #include "neighbors/neighbors.h"
@@ -45,12 +57,28 @@ constexpr int64_t kClusterStepOverheadPoints = 8192;
 
 enum class GroupKind { kBlock, kCluster, kGrid };
 
-// The best point for the next sample: largest mind, then smallest index; idx -1 when there is none.
-// D = 2, 3 carry the coordinates, so the next step needs no dependent load; any-D kernels read
-// them from global memory.
+// A candidate's order as an unsigned integer: 0 for none, else the bits of its mind plus one (a
+// mind is >= 0 or +inf, never -0 or NaN, so its bits order as the values do). A larger key wins,
+// then the smaller index.
+template <typename acc_t>
+using KeyType = std::conditional_t<sizeof(acc_t) == 4, uint32_t, unsigned long long>;
+
+template <typename acc_t>
+__device__ __forceinline__ KeyType<acc_t> candidate_key(acc_t mind, int32_t idx) {
+  if (idx < 0) return 0;
+  if constexpr (sizeof(acc_t) == 4) {
+    return __float_as_uint(mind) + 1u;
+  } else {
+    return static_cast<unsigned long long>(__double_as_longlong(mind)) + 1ull;
+  }
+}
+
+// A block's best, published to its group: key, index (-1 for none) and, for D = 2, 3, the
+// coordinates, so that the next step needs no dependent load (any-D kernels read them from global
+// memory).
 template <typename acc_t, int D>
-struct Candidate {
-  acc_t mind;
+struct alignas(16) Slot {  // whole 16-byte words: clusters send it with vector st.async
+  KeyType<acc_t> key;
   int32_t idx;
   acc_t c[D > 0 ? D : 1];
 };
@@ -78,7 +106,8 @@ struct FarthestPointArgs {
   int64_t B, N, dim, max_K;
   int group_size;            // blocks per cloud (kGrid: the whole grid)
   int smem_points;           // rows of a block's shared memory
-  Candidate<acc_t, D>* grid_slots;  // kGrid: (2, gridDim.x)
+  Slot<acc_t, D>* grid_slots;  // kGrid: (2, gridDim.x)
+  unsigned long long* grid_arrivals;  // kGrid: one zeroed count
   // kGrid, when slices outgrow shared memory: the mind of row p >= smem_points of block r at
   // [r * overflow_stride + p - smem_points]. Indexed by row, not by point, so that a row's owner
   // thread is the same in every cloud: a point's index moves between blocks with the cloud size.
@@ -87,42 +116,61 @@ struct FarthestPointArgs {
   int64_t* out;              // (B, max_K)
 };
 
-template <typename acc_t>
-__device__ __forceinline__ bool beats(acc_t m, int32_t i, acc_t best_m, int32_t best_i) {
-  return m > best_m || (m == best_m && i < best_i);
+template <typename Key>
+__device__ __forceinline__ bool beats(Key key, int32_t idx, Key best_key, int32_t best_idx) {
+  // Indices compared unsigned: -1 (none) comes only with key 0 and loses to every index.
+  return key > best_key || (key == best_key && static_cast<uint32_t>(idx) < static_cast<uint32_t>(best_idx));
 }
 
-// Every lane ends with the best (mind, index) of its aligned group of `width` lanes (a power of two).
-template <typename acc_t>
-__device__ __forceinline__ void warp_best(acc_t& m, int32_t& i, int width) {
-  for (int offset = width / 2; offset > 0; offset /= 2) {
-    const acc_t other_m = __shfl_xor_sync(kFullMask, m, offset);
-    const int32_t other_i = __shfl_xor_sync(kFullMask, i, offset);
-    if (beats(other_m, other_i, m, i)) {
-      m = other_m;
-      i = other_i;
+// Every lane ends with the warp's largest key and, among the lanes that hold it, the smallest
+// index. sm_80+: two or three REDUX instructions instead of a five-level shuffle tree.
+template <typename Key>
+__device__ __forceinline__ void warp_argmax(Key& key, int32_t& idx) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  Key best;
+  if constexpr (sizeof(Key) == 4) {
+    best = __reduce_max_sync(kFullMask, key);
+  } else {
+    const uint32_t hi = __reduce_max_sync(kFullMask, static_cast<uint32_t>(key >> 32));
+    const uint32_t lo =
+        __reduce_max_sync(kFullMask, static_cast<uint32_t>(key >> 32) == hi ? static_cast<uint32_t>(key) : 0u);
+    best = (static_cast<Key>(hi) << 32) | lo;
+  }
+  idx = static_cast<int32_t>(
+      __reduce_min_sync(kFullMask, key == best ? static_cast<uint32_t>(idx) : 0xffffffffu));
+  key = best;
+#else
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const Key other_key = __shfl_xor_sync(kFullMask, key, offset);
+    const int32_t other_idx = __shfl_xor_sync(kFullMask, idx, offset);
+    if (beats(other_key, other_idx, key, idx)) {
+      key = other_key;
+      idx = other_idx;
     }
   }
+#endif
 }
 
-// The same over aligned groups of `width` lanes (a power of two), coordinates included.
+// The winning slot among the lanes' slots (each lane's is its own best or empty): every lane ends
+// with it, coordinates shuffled from a lane that holds it.
 template <typename acc_t, int D>
-__device__ __forceinline__ void warp_best(Candidate<acc_t, D>& c, int width) {
-  for (int offset = width / 2; offset > 0; offset /= 2) {
-    Candidate<acc_t, D> other;
-    other.mind = __shfl_xor_sync(kFullMask, c.mind, offset);
-    other.idx = __shfl_xor_sync(kFullMask, c.idx, offset);
+__device__ __forceinline__ Slot<acc_t, D> warp_best_slot(const Slot<acc_t, D>& mine) {
+  Slot<acc_t, D> w;
+  w.key = mine.key;
+  w.idx = mine.idx;
+  warp_argmax(w.key, w.idx);
+  const unsigned holders = __ballot_sync(kFullMask, mine.key == w.key && mine.idx == w.idx);
+  const int source = holders ? __ffs(holders) - 1 : 0;
 #pragma unroll
-    for (int k = 0; k < D; ++k) other.c[k] = __shfl_xor_sync(kFullMask, c.c[k], offset);
-    if (beats(other.mind, other.idx, c.mind, c.idx)) c = other;
-  }
+  for (int k = 0; k < (D > 0 ? D : 1); ++k) w.c[k] = __shfl_sync(kFullMask, mine.c[k], source);
+  return w;
 }
 
 // Grid slots go through L2 only: another SM wrote them, and this SM's L1 may hold an old copy.
 template <typename acc_t, int D>
-__device__ __forceinline__ Candidate<acc_t, D> load_global_slot(const Candidate<acc_t, D>* slot) {
-  Candidate<acc_t, D> c;
-  c.mind = __ldcg(&slot->mind);
+__device__ __forceinline__ Slot<acc_t, D> load_global_slot(const Slot<acc_t, D>* slot) {
+  Slot<acc_t, D> c;
+  c.key = __ldcg(&slot->key);
   c.idx = __ldcg(&slot->idx);
 #pragma unroll
   for (int k = 0; k < D; ++k) c.c[k] = __ldcg(&slot->c[k]);
@@ -130,34 +178,92 @@ __device__ __forceinline__ Candidate<acc_t, D> load_global_slot(const Candidate<
 }
 
 template <typename acc_t, int D>
-__device__ __forceinline__ void store_global_slot(Candidate<acc_t, D>* slot, const Candidate<acc_t, D>& c) {
-  __stcg(&slot->mind, c.mind);
+__device__ __forceinline__ void store_global_slot(Slot<acc_t, D>* slot, const Slot<acc_t, D>& c) {
+  __stcg(&slot->key, c.key);
   __stcg(&slot->idx, c.idx);
 #pragma unroll
   for (int k = 0; k < D; ++k) __stcg(&slot->c[k], c.c[k]);
 }
 
-template <GroupKind kind>
-__device__ __forceinline__ void group_sync() {
-  if constexpr (kind == GroupKind::kBlock) {
-    __syncthreads();
-  } else if constexpr (kind == GroupKind::kCluster) {
+// The grid's barrier, fused with the exchange: each block stores its slot, then adds one to a
+// monotonic arrival count with release semantics; a block's reading warp spins with acquire loads
+// until the count reaches (steps so far + 1) x blocks, then reads every slot. Cheaper than
+// cg::this_grid().sync() (whose block barriers and fences come on top of the same atomic round
+// trip), and the count never needs resetting within a launch.
+__device__ __forceinline__ void arrive_release(unsigned long long* count) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(count) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* count) {
+  unsigned long long value;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(value) : "l"(count) : "memory");
+  return value;
+}
+
+// The cluster's exchange (sm_90): each block's best goes to every block of the cluster with
+// st.async, whose bytes complete on the receiving block's mbarrier for that step parity; a block
+// waits on its own mbarrier only, for the G slots' bytes. No cluster barrier and no fence on the
+// critical path (cluster.sync(), whose release waits for the remote stores and whose wait is for
+// every thread of every block, took ~30% of each step in the profile). Safe reuse: a block sends
+// step s + 2's slot (same parity) only after receiving every block's step s + 1 slot, which each
+// sends after its block barrier of step s + 1, which its warps reach only after reading step s's
+// slots; and a block re-arms a parity's mbarrier only after waiting on it two steps before.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cg::this_cluster().sync();
-#endif
-  } else {
-    cg::this_grid().sync();
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+
+// This block's one arrival of the phase, expecting `bytes` from the cluster.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }" ::"r"(
+                   shared_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase_parity) {
+  asm volatile(
+      "{\n\t.reg .pred done;\n\t"
+      "WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+      "@!done bra WAIT_%=;\n\t}" ::"r"(shared_address(bar)),
+      "r"(phase_parity)
+      : "memory");
+}
+
+// `value` (whole 16-byte words) into block `rank`'s copy of `local`, completing on its copy of `bar`.
+template <typename T>
+__device__ __forceinline__ void send_to_rank(const T& value, T* local, uint64_t* bar, uint32_t rank) {
+  static_assert(sizeof(T) % 16 == 0 && alignof(T) >= 16, "st.async sends 16-byte words");
+  uint32_t remote, remote_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_address(local)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(shared_address(bar)), "r"(rank));
+  const uint4* words = reinterpret_cast<const uint4*>(&value);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) / 16); ++i) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                     remote + 16 * i),
+                 "r"(words[i].x), "r"(words[i].y), "r"(words[i].z), "r"(words[i].w), "r"(remote_bar)
+                 : "memory");
   }
 }
+#endif
 
 // D = 2, 3: each thread keeps its first kRegisterPoints points (coordinates and mind) in registers,
 // so that the per-step pass reads no shared memory, whose bandwidth would otherwise bound it (a
 // 16-byte row per point and step). Blocks of at most 256 threads leave room for them (up to 255
 // registers a thread); the rest of a slice stays in shared memory rows, which also hold every
-// point's coordinates for the lookup of a block's best. Any D: shared memory only, 8 points a thread.
+// point's coordinates for the lookup of a block's best. 44 float32 points (176 registers; 254-255
+// in all, no spills) hold a whole slice of the benchmark's 16 x 65536 clouds in clusters of 6
+// (10,923 points a block): 5.76 ms against 6.29 ms with 32 points and a shared-memory tier (H100,
+// scripts/debug/fps_probe.py). Any D: shared memory only, 8 points a thread.
 template <typename acc_t, int D>
 struct Tuning {
-  static constexpr int kRegisterPoints = D == 0 ? 0 : (sizeof(acc_t) == 4 ? 32 : 16);
+  static constexpr int kRegisterPoints = D == 0 ? 0 : (sizeof(acc_t) == 4 ? 44 : 16);
   static constexpr int kMaxThreads = D == 0 ? 1024 : 256;
   static constexpr int kPointsPerThread = D == 0 ? 8 : kRegisterPoints;
 };
@@ -165,15 +271,21 @@ struct Tuning {
 template <typename acc_t, int D, GroupKind kind>
 __global__ void __launch_bounds__(Tuning<acc_t, D>::kMaxThreads, 1)
 farthest_points_kernel(const FarthestPointArgs<acc_t, D> a) {
-  using Cand = Candidate<acc_t, D>;
+  using SlotT = Slot<acc_t, D>;
+  using Key = KeyType<acc_t>;
   constexpr Metric kL2 = Metric::kSquaredL2;
   constexpr int R = Tuning<acc_t, D>::kRegisterPoints;
   extern __shared__ __align__(16) unsigned char smem_bytes[];
   acc_t* rows = reinterpret_cast<acc_t*>(smem_bytes);
   Row4<acc_t>* rows4 = reinterpret_cast<Row4<acc_t>*>(smem_bytes);
-  __shared__ acc_t warp_mind[kWarpSize];
-  __shared__ int32_t warp_idx[kWarpSize];
-  __shared__ Cand block_slots[2][kind == GroupKind::kGrid ? 1 : kMaxClusterBlocks];
+  // Double-buffered by step parity: with one block barrier per step, a fast warp writes the next
+  // step's entries while a slow one may still read this step's.
+  __shared__ Key warp_keys[2][kWarpSize];
+  __shared__ int32_t warp_idx[2][kWarpSize];
+  // kCluster: the group's slots (written by every block of the cluster); kGrid: the winner, for
+  // the block's other warps.
+  __shared__ SlotT block_slots[2][kind == GroupKind::kCluster ? kMaxClusterBlocks : 1];
+  __shared__ alignas(8) uint64_t exchange_bars[2];  // kCluster: one mbarrier per step parity
 
   const int G = a.group_size;
   int rank = 0;
@@ -183,8 +295,15 @@ farthest_points_kernel(const FarthestPointArgs<acc_t, D> a) {
     rank = static_cast<int>(cg::this_cluster().block_rank());
     first_cloud = blockIdx.x / G;
     cloud_stride = gridDim.x / G;
-    cg::this_cluster().sync();  // every block of the cluster runs before any writes to its shared memory
+    if (threadIdx.x == 0) {
+      mbarrier_init(&exchange_bars[0], 1);
+      mbarrier_init(&exchange_bars[1], 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    // Every block of the cluster runs, its mbarriers initialised, before any writes to its shared memory.
+    cg::this_cluster().sync();
 #else
+    (void)exchange_bars;
     __trap();  // the launcher only clusters code built for sm_90 or newer
 #endif
   } else if constexpr (kind == GroupKind::kGrid) {
@@ -194,14 +313,14 @@ farthest_points_kernel(const FarthestPointArgs<acc_t, D> a) {
   }
   const int tid = threadIdx.x, T = blockDim.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int warps = T / kWarpSize;
-  int slots_width = 1;  // lanes that reduce the G slots together
-  while (slots_width < G && slots_width < kWarpSize) slots_width *= 2;
   const int64_t dim = D > 0 ? D : a.dim;
   const int64_t stride = row_elements<D>(dim);
   acc_t* overflow = a.overflow_mind + rank * a.overflow_stride;  // row p >= smem_points: [p - smem_points]
   acc_t reg_c[R > 0 ? R : 1][D > 0 ? D : 1];  // point tid + k * T of the slice, k < R
   acc_t reg_m[R > 0 ? R : 1];
   int parity = 0;
+  unsigned long long grid_steps = 0;  // kGrid: exchanges so far (warp 0)
+  [[maybe_unused]] uint32_t exchanges = 0;  // kCluster: exchanges so far
 
   for (int64_t b = first_cloud; b < a.B; b += cloud_stride) {
     const int64_t n = a.lengths ? a.lengths[b] : a.N;
@@ -276,14 +395,42 @@ farthest_points_kernel(const FarthestPointArgs<acc_t, D> a) {
         for (; p < in_smem; p += T) consider(start_value(rows[p * stride + dim], p), p);
         for (; p < count; p += T) consider(start_value(overflow[p - a.smem_points], p), p);
       } else {
+        // The best register point is tracked by its slot k, a compile-time constant that each
+        // select writes as an immediate, rather than by its index (one register per slot).
+        // Increasing k is increasing index: a strict '>' keeps the smallest among equal minds.
+        int best_k = -1;
 #pragma unroll
         for (int k = 0; k < R; ++k) {
           // fmin equals (d < mind ? d : mind) here: no -0, and NaN (only from non-finite points,
           // whose mind is -1) never lowers.
           reg_m[k] = ::fmin(point_distance<D, kL2>(reg_c[k], sel), reg_m[k]);  // (candidate, sample), as on the CPU
-          consider(reg_m[k], tid + k * T);
+          if (reg_m[k] > best_m) {
+            best_m = reg_m[k];
+            best_k = k;
+          }
         }
+        best_p = best_k < 0 ? -1 : tid + best_k * T;
         int32_t p = first_rest;
+        if constexpr (D > 0) {
+          // Four rows' loads in flight before the first use: one at a time, this loop waited on
+          // each shared-memory load (~27% of a step's stall samples at 16 x 65536).
+          constexpr int kUnroll = 4;
+          for (; p + (kUnroll - 1) * T < in_smem; p += kUnroll * T) {
+            Row4<acc_t> r[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) r[u] = rows4[p + u * T];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+              const acc_t d = point_distance<D, kL2>(r[u].v, sel);
+              acc_t mind = r[u].v[D];
+              if (d < mind) {
+                mind = d;
+                rows[(p + u * T) * stride + D] = d;
+              }
+              consider(mind, p + u * T);
+            }
+          }
+        }
         for (; p < in_smem; p += T) {
           acc_t d, mind;
           if constexpr (D > 0) {
@@ -312,20 +459,14 @@ farthest_points_kernel(const FarthestPointArgs<acc_t, D> a) {
         }
       }
 
-      // The block's best, then its slot in every block of the group.
-      int32_t best_i = best_p < 0 ? -1 : begin + best_p;
-      warp_best(best_m, best_i, kWarpSize);
-      if (lane == 0) {
-        warp_mind[warp] = best_m;
-        warp_idx[warp] = best_i;
-      }
-      __syncthreads();
-      if (warp == 0) {
-        Cand c;
-        c.mind = lane < warps ? warp_mind[lane] : acc_t(-1);
-        c.idx = lane < warps ? warp_idx[lane] : -1;
-        warp_best(c.mind, c.idx, kWarpSize);  // every lane: lanes 0..G-1 publish it
-        if constexpr (D > 0) {  // shared memory rows hold the coordinates of register points too
+      // The warp's best, then the block's, then the group's.
+      Key key = candidate_key(best_m, best_p);
+      int32_t idx = best_p < 0 ? -1 : begin + best_p;
+      warp_argmax(key, idx);
+      // The coordinates of a point of this block's slice: shared memory rows hold those of
+      // register points too; past them (grid overflow) global memory.
+      auto fill_coordinates = [&](SlotT& c) {
+        if constexpr (D > 0) {
           const int32_t local = c.idx - begin;
 #pragma unroll
           for (int k = 0; k < D; ++k) {
@@ -334,30 +475,75 @@ farthest_points_kernel(const FarthestPointArgs<acc_t, D> a) {
                                        : cloud[static_cast<int64_t>(c.idx) * D + k];
           }
         }
-        if constexpr (kind == GroupKind::kBlock) {
-          if (lane == 0) block_slots[parity][0] = c;
-        } else if constexpr (kind == GroupKind::kCluster) {
+      };
+      if (lane == 0) {
+        warp_keys[parity][warp] = key;
+        warp_idx[parity][warp] = idx;
+      }
+      __syncthreads();
+      auto block_best = [&]() {
+        SlotT c;
+        c.key = lane < warps ? warp_keys[parity][lane] : Key(0);
+        c.idx = lane < warps ? warp_idx[parity][lane] : -1;
+        warp_argmax(c.key, c.idx);
+        fill_coordinates(c);
+        return c;
+      };
+      SlotT winner;
+      if constexpr (kind == GroupKind::kBlock) {
+        winner = block_best();  // every warp: no second barrier
+      } else if constexpr (kind == GroupKind::kCluster) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-          if (lane < G) *cg::this_cluster().map_shared_rank(&block_slots[parity][rank], lane) = c;
-#endif
-        } else {
-          if (lane == 0) store_global_slot(a.grid_slots + parity * G + rank, c);
+        if (warp == 0) {
+          const SlotT c = block_best();
+          if (lane == 0) mbarrier_arrive_expect_tx(&exchange_bars[parity], G * static_cast<uint32_t>(sizeof(SlotT)));
+          if (lane < G) send_to_rank(c, &block_slots[parity][rank], &exchange_bars[parity], lane);
         }
-      }
-      group_sync<kind>();
-
-      // Every warp reduces the group's slots: the same winner everywhere.
-      Cand winner;
-      winner.mind = acc_t(-1);
-      winner.idx = -1;
+        // The k-th use of a parity's mbarrier completes its phase k.
+        mbarrier_wait(&exchange_bars[parity], static_cast<uint32_t>(exchanges >> 1) & 1u);
+        ++exchanges;
+        SlotT mine;
+        if (lane < G) {
+          mine = block_slots[parity][lane];
+        } else {
+          mine.key = 0;
+          mine.idx = -1;
 #pragma unroll
-      for (int k = 0; k < D; ++k) winner.c[k] = acc_t(0);
-      for (int j = lane % slots_width; j < G; j += slots_width) {
-        const Cand s =
-            kind == GroupKind::kGrid ? load_global_slot(a.grid_slots + parity * G + j) : block_slots[parity][j];
-        if (beats(s.mind, s.idx, winner.mind, winner.idx)) winner = s;
+          for (int k = 0; k < (D > 0 ? D : 1); ++k) mine.c[k] = acc_t(0);
+        }
+        winner = warp_best_slot(mine);  // every warp reads the slots
+#else
+        winner = block_best();  // never runs: compiled for a GPU without clusters, the kernel traps first
+#endif
+      } else {
+        // One warp per block publishes, waits for the group and reads the G slots; the block's
+        // other warps wait at the block barrier.
+        if (warp == 0) {
+          const SlotT c = block_best();
+          if (lane == 0) {
+            store_global_slot(a.grid_slots + parity * G + rank, c);
+            arrive_release(a.grid_arrivals);
+          }
+          ++grid_steps;
+          const unsigned long long everyone = grid_steps * static_cast<unsigned long long>(G);
+          while (load_acquire(a.grid_arrivals) < everyone) {
+          }
+          SlotT mine;
+          mine.key = 0;
+          mine.idx = -1;
+#pragma unroll
+          for (int k = 0; k < (D > 0 ? D : 1); ++k) mine.c[k] = acc_t(0);
+#pragma unroll 4
+          for (int j = lane; j < G; j += kWarpSize) {
+            const SlotT other = load_global_slot(a.grid_slots + parity * G + j);
+            if (beats(other.key, other.idx, mine.key, mine.idx)) mine = other;
+          }
+          const SlotT w = warp_best_slot(mine);
+          if (lane == 0) block_slots[parity][0] = w;
+        }
+        __syncthreads();
+        winner = block_slots[parity][0];
       }
-      warp_best(winner, slots_width);
       parity ^= 1;
       if (winner.idx < 0) break;  // every finite point is taken
 
@@ -385,6 +571,7 @@ farthest_points_kernel(const FarthestPointArgs<acc_t, D> a) {
     if (rank == 0) {
       for (int64_t t = taken + tid; t < a.max_K; t += T) out[t] = -1;
     }
+    __syncthreads();  // the last step's coordinate reads before the next cloud's rows are written
   }
 }
 
@@ -462,7 +649,7 @@ int choose_group_size(BlockKernel block_kernel, bool block_fits, ClusterKernel c
 
 template <typename acc_t, int D>
 void launch_farthest_points(FarthestPointArgs<acc_t, D> a, const at::TensorOptions& options) {
-  using Cand = Candidate<acc_t, D>;
+  using SlotT = Slot<acc_t, D>;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int device = c10::cuda::current_device();
   const int optin_bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
@@ -526,7 +713,8 @@ void launch_farthest_points(FarthestPointArgs<acc_t, D> a, const at::TensorOptio
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, grid_kernel, threads, smem_bytes));
   TORCH_CHECK(blocks_per_sm >= 1, "sample_farthest_points: a block of ", threads, " threads with ", smem_bytes,
               " bytes of shared memory does not fit an SM");
-  const auto grid_slots = at::empty({static_cast<int64_t>(2 * blocks * sizeof(Cand))}, options.dtype(at::kByte));
+  const auto grid_slots = at::empty({static_cast<int64_t>(2 * blocks * sizeof(SlotT))}, options.dtype(at::kByte));
+  const auto grid_arrivals = at::zeros({1}, options.dtype(at::kLong));
   at::Tensor overflow_mind;
   if (slice > smem_points) {
     a.overflow_stride = slice - smem_points;
@@ -534,7 +722,8 @@ void launch_farthest_points(FarthestPointArgs<acc_t, D> a, const at::TensorOptio
   }
   a.group_size = static_cast<int>(blocks);
   a.smem_points = static_cast<int>(smem_points);
-  a.grid_slots = reinterpret_cast<Cand*>(grid_slots.data_ptr<uint8_t>());
+  a.grid_slots = reinterpret_cast<SlotT*>(grid_slots.data_ptr<uint8_t>());
+  a.grid_arrivals = reinterpret_cast<unsigned long long*>(grid_arrivals.data_ptr<int64_t>());
   a.overflow_mind = overflow_mind.defined() ? overflow_mind.data_ptr<acc_t>() : nullptr;
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute attribute;

@@ -1,6 +1,7 @@
 """One warm call of each neighbourhood op at the benchmark sizes, for ncu / nsys:
     ncu -k regex:knn_search --launch-skip 1 --launch-count 1 --section ... python scripts/debug/profile_neighbors.py knn 16
-    python scripts/debug/profile_neighbors.py ball|fps|knn K
+    python scripts/debug/profile_neighbors.py ball|fps|fps1m|knn K
+(fps: 16 x 65536 points, fps1m: 1 x 2^20 points, the benchmark's two farthest-point sizes)
 Each op runs twice (the first call is the warm-up ncu skips) and the second call is timed with events.
 """
 import sys
@@ -19,7 +20,7 @@ elif op == "ball":
     p1, p2 = (torch.rand(8, 16384, 3, generator=g, device="cuda") for _ in range(2))
     call = lambda: pointops.ball_query(p1, p2, K=K, radius=0.1, return_nn=False)
 else:
-    pts = torch.rand(16, 65536, 3, generator=g, device="cuda")
+    pts = torch.rand(*((1, 2**20) if op == "fps1m" else (16, 65536)), 3, generator=g, device="cuda")
     call = lambda: pointops.sample_farthest_points(pts, K=K)
 for _ in range(2):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
