@@ -3,7 +3,9 @@
 # benchmarks, multi-GPU (DDP example timing, second-GPU tests). Logs land in $OUT (the device tool
 # brings them back).
 #   STAGES="build test sanitize bench ddp" scripts/gpu_check.sh     (default: all five)
-#   PYTEST_TARGETS=tests/test_chamfer.py PYTEST_K="cuda" BENCH_ARGS="--only chamfer" ...
+#   PYTEST_TARGETS=tests/test_chamfer.py PYTEST_K="graph" BENCH_ARGS="--only chamfer" ...
+#   PYTEST_MARK="cuda"   (default: the tests that need a GPU, every one of them, as tests/conftest.py
+#                         marks them; CI on the CPU runs the rest. PYTEST_MARK="" runs everything)
 #   SANITIZE_TESTS=tests/test_particle_sum.py   (the tests run under memcheck; "none" skips them)
 #   SANITIZE_CASES="neighbors chamfer"   (families of scripts/sanitize_cases.py; default: all)
 #   DDP_ARGS="--time --steps 120 ..."   (examples/ddp_chamfer.py's arguments in the ddp stage)
@@ -53,7 +55,8 @@ if stage build; then
 fi
 
 if stage test; then
-  python -m pytest ${PYTEST_TARGETS:-tests} -q -ra -p no:cacheprovider -k "${PYTEST_K:-}" 2>&1 | tee "$OUT/pytest.log" | tail -40
+  python -m pytest ${PYTEST_TARGETS:-tests} -q -ra -p no:cacheprovider -m "${PYTEST_MARK-cuda}" -k "${PYTEST_K:-}" \
+    --durations=15 2>&1 | tee "$OUT/pytest.log" | tail -60
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   elapsed test
 fi

@@ -15,6 +15,17 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA build of p
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
 
+def pytest_collection_modifyitems(items):
+    """Marks `cuda` every test that needs a GPU: a CUDA parametrisation or name, or a skip
+    condition whose reason names CUDA. The GPU machine runs exactly these (`-m cuda` in
+    scripts/gpu_check.sh); CI on the CPU runs the rest."""
+    for item in items:
+        needs_gpu = "cuda" in item.name.lower() or any(
+            "cuda" in str(mark.kwargs.get("reason", "")).lower() for mark in item.iter_markers("skipif"))
+        if needs_gpu:
+            item.add_marker(pytest.mark.cuda)
+
+
 class DeterministicAlgorithms:
     """torch.use_deterministic_algorithms(enabled) inside the block; the previous setting (and its
     warn_only) restored after it."""
