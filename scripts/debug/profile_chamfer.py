@@ -1,11 +1,15 @@
-"""Where does the fwd+bwd time of chamfer_distance go at 8x8192x8192?"""
+"""Where does the fwd+bwd time of chamfer_distance go?
+    python scripts/debug/profile_chamfer.py [B N]     (default 8 8192: B x N x N clouds)"""
+import sys
 import time
 import torch
 import pointops
 from torch.profiler import ProfilerActivity, profile
 
-x = torch.randn(8, 8192, 3, device="cuda", requires_grad=True)
-y = torch.randn(8, 8192, 3, device="cuda", requires_grad=True)
+B, N = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (8, 8192)
+print(f"chamfer_distance fwd+bwd, {B} x {N} x {N}")
+x = torch.randn(B, N, 3, device="cuda", requires_grad=True)
+y = torch.randn(B, N, 3, device="cuda", requires_grad=True)
 def step():
     pointops.chamfer_distance(x, y)[0].backward()
 for _ in range(5):
