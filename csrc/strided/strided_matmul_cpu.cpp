@@ -73,26 +73,27 @@ inline __attribute__((always_inline)) void micro_kernel(int64_t kc, const A* __r
 
 template <typename A>
 inline __attribute__((always_inline)) void tile_product(int64_t mc, int64_t nc, int64_t kc, const A* apack,
-                                                        const A* bpack, A* ctile) {
+                                                        const A* bpack, A* ctile, int64_t ldc) {
   constexpr int64_t NR = micro_cols<A>();
   for (int64_t jr = 0; jr < nc; jr += NR)
-    for (int64_t ir = 0; ir < mc; ir += kMR) micro_kernel<A>(kc, apack + ir * kc, bpack + jr * kc, ctile + ir * kNC + jr, kNC);
+    for (int64_t ir = 0; ir < mc; ir += kMR) micro_kernel<A>(kc, apack + ir * kc, bpack + jr * kc, ctile + ir * ldc + jr, ldc);
 }
 
 #ifdef POINTOPS_MATMUL_X86
 template <typename A>
 __attribute__((target("avx2,fma"))) void tile_product_avx2(int64_t mc, int64_t nc, int64_t kc, const A* apack,
-                                                           const A* bpack, A* ctile) {
-  tile_product<A>(mc, nc, kc, apack, bpack, ctile);
+                                                           const A* bpack, A* ctile, int64_t ldc) {
+  tile_product<A>(mc, nc, kc, apack, bpack, ctile, ldc);
 }
 #endif
 
 template <typename A>
-void tile_product_dispatch(int64_t mc, int64_t nc, int64_t kc, const A* apack, const A* bpack, A* ctile) {
+void tile_product_dispatch(int64_t mc, int64_t nc, int64_t kc, const A* apack, const A* bpack, A* ctile,
+                           int64_t ldc) {
 #ifdef POINTOPS_MATMUL_X86
-  if (cpu_has_avx2_fma()) return tile_product_avx2<A>(mc, nc, kc, apack, bpack, ctile);
+  if (cpu_has_avx2_fma()) return tile_product_avx2<A>(mc, nc, kc, apack, bpack, ctile, ldc);
 #endif
-  tile_product<A>(mc, nc, kc, apack, bpack, ctile);
+  tile_product<A>(mc, nc, kc, apack, bpack, ctile, ldc);
 }
 
 // One (batch entry, tile) task: C[i0:i0+mc, j0:j0+nc] of the matrices at a, b, c.
@@ -103,12 +104,18 @@ void matmul_tile(const MatmulCall& mc_, const T* a, const T* b, T* c, int64_t i0
   constexpr int64_t NR = micro_cols<A>();
   const int64_t mc = std::min(kMC, mc_.n - i0), nc = std::min(kNC, mc_.m - j0);
   const int64_t mc_pad = (mc + kMR - 1) / kMR * kMR, nc_pad = (nc + NR - 1) / NR * NR;
-  // the packed panels are written before they are read; only the tile's accumulators start at 0
-  buf.resize(kMC * kKC + kKC * kNC + kMC * kNC);
+  const int64_t kc_max = std::min(kKC, mc_.k);
+  // Sized by this tile, not by the largest one: a small product must not allocate and clear the
+  // ~450 KB of a full tile's panels on every call (most of a 2 x 2 product's host time). The
+  // packed panels are written before they are read; only the accumulators start at 0. The
+  // accumulator tile's row stride (nc_pad) changes where sums live, not their order.
+  const int64_t ldc = nc_pad;
+  const size_t need = static_cast<size_t>(mc_pad * kc_max + kc_max * nc_pad + mc_pad * ldc);
+  if (buf.size() < need) buf.resize(need);
   A* apack = buf.data();
-  A* bpack = apack + kMC * kKC;
-  A* ctile = bpack + kKC * kNC;
-  std::fill(ctile, ctile + mc_pad * kNC, A(0));
+  A* bpack = apack + mc_pad * kc_max;
+  A* ctile = bpack + kc_max * nc_pad;
+  std::fill(ctile, ctile + mc_pad * ldc, A(0));
   for (int64_t p0 = 0; p0 < mc_.k; p0 += kKC) {
     const int64_t kc = std::min(kKC, mc_.k - p0);
     // A panel ir: [p][i] for rows ir..ir+kMR (zero rows beyond mc)
@@ -128,10 +135,10 @@ void matmul_tile(const MatmulCall& mc_, const T* a, const T* b, T* c, int64_t i0
           bpack[jr * kc + p * NR + j] = col < nc ? static_cast<A>(brow[(j0 + col) * mc_.bs1]) : A(0);
         }
       }
-    tile_product_dispatch<A>(mc_pad, nc_pad, kc, apack, bpack, ctile);
+    tile_product_dispatch<A>(mc_pad, nc_pad, kc, apack, bpack, ctile, ldc);
   }
   for (int64_t i = 0; i < mc; ++i)
-    for (int64_t j = 0; j < nc; ++j) c[(i0 + i) * mc_.cs0 + (j0 + j) * mc_.cs1] = static_cast<T>(ctile[i * kNC + j]);
+    for (int64_t j = 0; j < nc; ++j) c[(i0 + i) * mc_.cs0 + (j0 + j) * mc_.cs1] = static_cast<T>(ctile[i * ldc + j]);
 }
 
 void matmul_into_cpu(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, const StridedLayout<3>& L,
