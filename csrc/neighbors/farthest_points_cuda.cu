@@ -24,8 +24,8 @@
 // Groups, by cloud size:
 //  - one block, when the cloud fits one block's shared memory: the barrier is __syncthreads, and
 //    every warp reduces the warps' bests itself;
-//  - a thread-block cluster of 2..8 blocks (sm_90): slots in every block's shared memory, written
-//    through distributed shared memory; cluster.sync();
+//  - a thread-block cluster of 2..8 blocks (sm_90): slots in every block's shared memory, sent by
+//    st.async and awaited on a per-parity mbarrier (send_to_rank below), no cluster barrier;
 //  - the whole grid (cooperative launch), one cloud after another, for larger clouds: slots in
 //    global memory, a fused arrive-and-wait on an arrival count (arrive_release below). Points past
 //    a block's shared memory are read from global memory.
