@@ -20,6 +20,14 @@ TORCH_LIBRARY(pointops, m) {
   // has the contract): the masks and reductions fused behind one autograd node.
   m.def("_chamfer_distance(Tensor x, Tensor y, Tensor? x_lengths, Tensor? y_lengths, Tensor? weights, "
         "str point_reduction, str? batch_reduction, int norm, bool single_directional, bool squared) -> Tensor");
+  // Its pieces as single ops (one launch each on CUDA; csrc/chamfer/chamfer_loss.h has the formula):
+  // the reduction of the kernel's distances (dist2 absent: one direction; num_y = y's point count),
+  // and the gradient with respect to x and y (dist2 / idx2 absent: one direction).
+  m.def("_chamfer_distance_loss(Tensor dist1, Tensor? dist2, Tensor? x_lengths, Tensor? y_lengths, "
+        "Tensor? weights, int num_y, str point_reduction, str? batch_reduction, bool squared) -> Tensor");
+  m.def("_chamfer_distance_backward(Tensor grad, Tensor x, Tensor y, Tensor dist1, Tensor idx1, Tensor? dist2, "
+        "Tensor? idx2, Tensor? x_lengths, Tensor? y_lengths, Tensor? weights, str point_reduction, "
+        "str? batch_reduction, int norm, bool squared) -> (Tensor grad_x, Tensor grad_y)");
   m.def("_nearest_neighbor_backward(Tensor grad_dist, Tensor x, Tensor y, Tensor idx, int norm=2)"
         " -> (Tensor grad_x, Tensor grad_y)");
 

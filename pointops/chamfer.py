@@ -69,6 +69,22 @@ def _nearest_neighbor_backward_fake(grad_dist, x, y, idx, norm=2):
         y, memory_format=torch.contiguous_format)
 
 
+# chamfer_distance's fused pieces (csrc/chamfer/chamfer_loss*.{cpp,cu}), called by its C++ node.
+@torch.library.register_fake("pointops::_chamfer_distance_loss")
+def _chamfer_distance_loss_fake(dist1, dist2, x_lengths, y_lengths, weights, num_y, point_reduction,
+                                batch_reduction, squared):
+    torch._check(dist1.dim() == 2, lambda: f"_chamfer_distance_loss: dist1 must be (B, N), got {tuple(dist1.shape)}")
+    return dist1.new_empty(()) if batch_reduction is not None else dist1.new_empty(dist1.shape[0])
+
+
+@torch.library.register_fake("pointops::_chamfer_distance_backward")
+def _chamfer_distance_backward_fake(grad, x, y, dist1, idx1, dist2, idx2, x_lengths, y_lengths, weights,
+                                    point_reduction, batch_reduction, norm, squared):
+    _check_shapes(x, y)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
+        y, memory_format=torch.contiguous_format)
+
+
 # ---------------------------------------------------------------- autograd
 # nearest_neighbor and chamfer are differentiable in C++ (csrc/chamfer/chamfer_autograd.cpp): a
 # Python autograd wrapper would cost more host time than the GPU forward of a typical batch.

@@ -463,6 +463,50 @@ def test_fused_loss_opcheck(device):
         torch.library.opcheck(op, (a, b, xl, None, w, "mean", "sum", 2, True, False))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_pieces_opcheck(device):
+    # The fused node's reduction and backward ops (one launch each on CUDA).
+    x, y, _, _, xl, yl = clouds(device, dtype=torch.float32, P1=17, P2=13)
+    w = torch.tensor([1.0, 0.5, 2.0, 0.0], device=device)
+    d1, d2, i1, i2 = pointops.chamfer(x, y, xl, yl)
+    loss = torch.ops.pointops._chamfer_distance_loss.default
+    torch.library.opcheck(loss, (d1, d2, xl, yl, w, 13, "mean", "mean", True))
+    torch.library.opcheck(loss, (d1, None, None, None, None, 13, "sum", None, False))
+    backward = torch.ops.pointops._chamfer_distance_backward.default
+    g = torch.tensor(0.7, device=device)
+    per_cloud = torch.tensor([0.3, -1.0, 2.0, 0.5], device=device)
+    torch.library.opcheck(backward, (g, x, y, d1, i1, d2, i2, xl, yl, w, "mean", "mean", 2, True))
+    torch.library.opcheck(backward, (per_cloud, x, y, d1, i1, None, None, xl, yl, None, "sum", None, 1, True))
+    torch.library.opcheck(backward, (g, x, y, d1, i1, d2, i2, None, None, None, "mean", "sum", 2, False))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("norm, squared", [(2, True), (2, False), (1, True)])
+@pytest.mark.parametrize("batch_reduction", ["mean", "sum", None])
+@pytest.mark.parametrize("point_reduction", ["mean", "sum"])
+def test_fused_backward_matches_the_differentiable_path(device, norm, squared, batch_reduction, point_reduction):
+    # create_graph=False takes the one-op backward (_chamfer_distance_backward), create_graph=True the
+    # differentiable torch-op composition: the same gradients. Both compute in float64 from the same
+    # distances in a different order (and CUDA scatters with atomics), a few roundings of the largest
+    # term: rtol and atol 1e-12 relative to the gradient's scale.
+    x, y, _, _, xl, yl = clouds(device, P1=23, P2=19)
+    w = WEIGHTS["random"].to(device)
+    for lengths, weights, single in (((None, None), None, False), ((xl, yl), w, False), ((xl, yl), None, True)):
+        x_ = x.clone().requires_grad_()
+        y_ = y.clone().requires_grad_()
+        grads = []
+        for create_graph in (False, True):
+            loss, _ = pointops.chamfer_distance(x_, y_, *lengths, weights=weights, point_reduction=point_reduction,
+                                                batch_reduction=batch_reduction, norm=norm, squared=squared,
+                                                single_directional=single)
+            out = loss if batch_reduction is not None else (loss * torch.arange(1.0, 5.0, device=device,
+                                                                                dtype=loss.dtype)).sum()
+            grads.append(torch.autograd.grad(out, (x_, y_), create_graph=create_graph))
+        for fused, composed in zip(*grads):
+            scale = composed.abs().max().item()
+            torch.testing.assert_close(fused, composed.detach(), rtol=1e-12, atol=1e-12 * scale)
+
+
 @requires_cuda
 def test_cuda_graph_capture_and_replay():
     # No lengths and no weights: their value checks are host syncs (see the docstring); the rest

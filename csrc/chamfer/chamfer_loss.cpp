@@ -14,6 +14,8 @@
 
 #include <string>
 
+#include "chamfer/chamfer_loss.h"
+
 namespace pointops {
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_op(const at::Tensor& grad_dist, const at::Tensor& x,
@@ -25,21 +27,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptionalTensor = c10::optional<at::Tensor>;
-
-enum class BatchReduction { None, Sum, Mean };
-
-BatchReduction parse_batch(const c10::optional<c10::string_view>& name) {
-  if (!name.has_value()) return BatchReduction::None;
-  if (*name == "sum") return BatchReduction::Sum;
-  TORCH_CHECK(*name == "mean", "batch_reduction must be 'mean', 'sum' or None, got '", std::string(*name), "'");
-  return BatchReduction::Mean;
-}
-
-bool parse_point_mean(c10::string_view name) {
-  TORCH_CHECK(name == "mean" || name == "sum", "_chamfer_distance: point_reduction must be 'mean' or 'sum', got '",
-              std::string(name), "'");
-  return name == "mean";
-}
 
 // Everything the forward computes and the backward needs.
 struct Pieces {
@@ -106,15 +93,24 @@ at::Tensor loss_distances(const at::Tensor& dist, const OptionalTensor& partner_
 
 // ---- the CPU path: the same arithmetic as plain loops (a torch reduction's setup costs
 // microseconds, several times a small cloud's whole search). Sums in float64, rounded once.
-// A CPU tensor with real data: not a fake tensor (torch.compile's tracing), a functional wrapper or
-// a functorch wrapper, which the loops must not read.
-bool plain_cpu(const at::Tensor& t) {
-  static const c10::DispatchKeySet wrapped({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
-                                            c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
-                                            c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Batched,
-                                            c10::DispatchKey::BatchedNestedTensor});
-  return t.is_cpu() && !t.key_set().has_any(wrapped);
+// A tensor the fused ops (_chamfer_distance_loss, _chamfer_distance_backward) can take: a CPU or
+// CUDA tensor, real or fake (their fake kernels trace under torch.compile), but not a functorch
+// wrapper (they have no batching rule; the torch-op composition below has).
+bool fusable(const at::Tensor& t) {
+  static const c10::DispatchKeySet transformed({c10::DispatchKey::FuncTorchBatched,
+                                                c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::Batched,
+                                                c10::DispatchKey::BatchedNestedTensor});
+  return (t.is_cpu() || t.is_cuda()) && !t.key_set().has_any(transformed);
 }
+
+c10::string_view point_reduction_name(bool mean) { return mean ? "mean" : "sum"; }
+
+c10::optional<c10::string_view> batch_reduction_name(BatchReduction br) {
+  if (br == BatchReduction::None) return c10::nullopt;
+  return c10::string_view(br == BatchReduction::Sum ? "sum" : "mean");
+}
+
+OptionalTensor optional_of(const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : OptionalTensor(); }
 
 struct CloudFactors {
   std::vector<double> weight;                 // w[b], or empty for 1
@@ -171,24 +167,28 @@ double batch_divisor(const std::vector<double>& weight, BatchReduction br, int64
   return total > 0 ? total : 1.0;  // all-zero weights: every term is 0 already
 }
 
-at::Tensor cpu_loss(const Pieces& p, const at::Tensor& x, const at::Tensor& y, const OptionalTensor& x_lengths,
-                    const OptionalTensor& y_lengths, const at::Tensor& w, bool mean, BatchReduction br, bool single,
-                    bool squared) {
-  const int64_t B = x.size(0);
-  const CloudFactors fx{to_doubles(w), to_longs(x_lengths), to_longs(y_lengths)};
+// _chamfer_distance_loss on the CPU: the fused reduction as plain loops.
+at::Tensor chamfer_distance_loss_cpu(const at::Tensor& dist1, const OptionalTensor& dist2,
+                                     const OptionalTensor& x_lengths, const OptionalTensor& y_lengths,
+                                     const OptionalTensor& weights, int64_t num_y, c10::string_view point_reduction,
+                                     c10::optional<c10::string_view> batch_reduction, bool squared) {
+  const bool mean = parse_point_mean(point_reduction);
+  const BatchReduction br = parse_batch_reduction(batch_reduction);
+  const int64_t B = dist1.size(0);
+  const CloudFactors fx{to_doubles(defined_or_empty(weights)), to_longs(x_lengths), to_longs(y_lengths)};
   std::vector<double> v(B, 0.0);
-  add_direction_cpu(p.dist1, fx, y.size(1), mean, squared, v);
-  if (!single) {
+  add_direction_cpu(dist1.contiguous(), fx, num_y, mean, squared, v);
+  if (dist2.has_value() && dist2->defined()) {
     const CloudFactors fy{fx.weight, fx.partner_lengths, fx.lengths};
-    add_direction_cpu(p.dist2, fy, x.size(1), mean, squared, v);
+    add_direction_cpu(dist2->contiguous(), fy, dist1.size(1), mean, squared, v);
   }
   if (br != BatchReduction::None) {
     double total = 0;
     for (double value : v) total += value;
     v.assign(1, total / batch_divisor(fx.weight, br, B));
   }
-  at::Tensor out = br == BatchReduction::None ? at::empty({B}, x.options()) : at::empty({}, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "chamfer_distance_cpu", [&] {
+  at::Tensor out = br == BatchReduction::None ? at::empty({B}, dist1.options()) : at::empty({}, dist1.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dist1.scalar_type(), "chamfer_distance_cpu", [&] {
     scalar_t* o = out.data_ptr<scalar_t>();
     for (size_t b = 0; b < v.size(); ++b) o[b] = static_cast<scalar_t>(v[b]);
   });
@@ -231,6 +231,34 @@ at::Tensor cpu_direction_grad(const std::vector<double>& gv, const at::Tensor& d
   return grad;
 }
 
+// _chamfer_distance_backward on the CPU: each direction's gradient with respect to its distances
+// (loops), then the nearest-neighbour backward op.
+std::tuple<at::Tensor, at::Tensor> chamfer_distance_backward_cpu(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& y, const at::Tensor& dist1, const at::Tensor& idx1,
+    const OptionalTensor& dist2, const OptionalTensor& idx2, const OptionalTensor& x_lengths,
+    const OptionalTensor& y_lengths, const OptionalTensor& weights, c10::string_view point_reduction,
+    c10::optional<c10::string_view> batch_reduction, int64_t norm, bool squared) {
+  const bool mean = parse_point_mean(point_reduction);
+  const BatchReduction br = parse_batch_reduction(batch_reduction);
+  const bool single = !(dist2.has_value() && dist2->defined());
+  TORCH_CHECK(single || (idx2.has_value() && idx2->defined()), "_chamfer_distance_backward: dist2 needs idx2");
+  const CloudFactors fx{to_doubles(defined_or_empty(weights)), to_longs(x_lengths), to_longs(y_lengths)};
+  const std::vector<double> g = grad_values(grad);
+  TORCH_CHECK(static_cast<int64_t>(g.size()) == (br == BatchReduction::None ? x.size(0) : 1),
+              "_chamfer_distance_backward: grad must hold one value per cloud without a batch reduction, else one; got ",
+              grad.sizes());
+  auto [grad_x, grad_y] = nearest_neighbor_backward_op(
+      cpu_direction_grad(g, dist1.contiguous(), fx, y.size(1), mean, br, squared), x, y, idx1, norm);
+  if (!single) {
+    const CloudFactors fy{fx.weight, fx.partner_lengths, fx.lengths};
+    auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(
+        cpu_direction_grad(g, dist2->contiguous(), fy, x.size(1), mean, br, squared), y, x, *idx2, norm);
+    grad_x.add_(grad_x2);
+    grad_y.add_(grad_y2);
+  }
+  return {grad_x, grad_y};
+}
+
 Pieces forward_pieces(const at::Tensor& x, const at::Tensor& y, const OptionalTensor& x_lengths,
                       const OptionalTensor& y_lengths, const OptionalTensor& weights, bool point_mean,
                       BatchReduction br, int64_t norm, bool single, bool squared) {
@@ -251,8 +279,14 @@ Pieces forward_pieces(const at::Tensor& x, const at::Tensor& y, const OptionalTe
                              int64_t)>();
     std::tie(p.dist1, p.dist2, p.idx1, p.idx2) = ch.call(x, y, x_lengths, y_lengths, norm);
   }
-  if (plain_cpu(x) && plain_cpu(p.dist1)) {
-    p.loss = cpu_loss(p, x, y, x_lengths, y_lengths, w, point_mean, br, single, squared);
+  if (fusable(x) && fusable(p.dist1)) {  // one op: loops on the CPU, one launch on CUDA
+    static auto loss = c10::Dispatcher::singleton()
+                           .findSchemaOrThrow("pointops::_chamfer_distance_loss", "")
+                           .typed<at::Tensor(const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
+                                             const OptionalTensor&, const OptionalTensor&, int64_t, c10::string_view,
+                                             c10::optional<c10::string_view>, bool)>();
+    p.loss = loss.call(p.dist1, single ? OptionalTensor() : OptionalTensor(p.dist2), x_lengths, y_lengths, weights,
+                       y.size(1), point_reduction_name(point_mean), batch_reduction_name(br), squared);
     return p;
   }
   at::Tensor per_cloud =
@@ -310,7 +344,7 @@ class ChamferDistanceFunction : public torch::autograd::Function<ChamferDistance
                             const OptionalTensor& weights, c10::string_view point_reduction,
                             c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single, bool squared) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    const BatchReduction br = parse_batch(batch_reduction);
+    const BatchReduction br = parse_batch_reduction(batch_reduction);
     Pieces p = forward_pieces(x, y, x_lengths, y_lengths, weights, parse_point_mean(point_reduction), br, norm,
                               single, squared);
     ctx->save_for_backward({x, y, p.dist1, p.dist2, p.idx1, p.idx2, defined_or_empty(x_lengths),
@@ -328,20 +362,28 @@ class ChamferDistanceFunction : public torch::autograd::Function<ChamferDistance
     const auto br = static_cast<BatchReduction>(options & 3);
     const int64_t norm = (options >> 2) & 3;
     const bool mean = options >> 4 & 1, single = options >> 5 & 1, squared = options >> 6 & 1;
-    at::Tensor grad_d1, grad_d2;
-    if (plain_cpu(x) && plain_cpu(s[2]) && plain_cpu(grads[0]) && !at::GradMode::is_enabled()) {  // no graph of the backward wanted: plain loops
-      const CloudFactors fx{to_doubles(w), to_longs(xl), to_longs(yl)};
-      const std::vector<double> g = grad_values(grads[0]);
-      grad_d1 = cpu_direction_grad(g, s[2], fx, y.size(1), mean, br, squared);
-      if (!single) {
-        const CloudFactors fy{fx.weight, fx.partner_lengths, fx.lengths};
-        grad_d2 = cpu_direction_grad(g, s[3], fy, x.size(1), mean, br, squared);
-      }
-    } else {
-      const at::Tensor g = cloud_grad(grads[0], br, w, x.size(0));
-      grad_d1 = torch_direction_grad(g, x, y, idx1, s[2], xl, yl, w, mean, squared);
-      if (!single) grad_d2 = torch_direction_grad(g, y, x, idx2, s[3], yl, xl, w, mean, squared);
+    // No graph of the backward wanted: one op (loops on the CPU, one launch on CUDA). CUDA under
+    // deterministic algorithms takes the torch ops and the sort-based backward op instead.
+    if (!at::GradMode::is_enabled() && fusable(x) && fusable(s[2]) && fusable(grads[0]) &&
+        !(x.is_cuda() && at::globalContext().deterministicAlgorithms())) {
+      static auto fused = c10::Dispatcher::singleton()
+                              .findSchemaOrThrow("pointops::_chamfer_distance_backward", "")
+                              .typed<std::tuple<at::Tensor, at::Tensor>(
+                                  const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                  const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
+                                  const OptionalTensor&, const OptionalTensor&, const OptionalTensor&,
+                                  c10::string_view, c10::optional<c10::string_view>, int64_t, bool)>();
+      auto [grad_x, grad_y] =
+          fused.call(grads[0], x, y, s[2], idx1, single ? OptionalTensor() : OptionalTensor(s[3]),
+                     single ? OptionalTensor() : OptionalTensor(idx2), optional_of(xl), optional_of(yl), optional_of(w),
+                     point_reduction_name(mean), batch_reduction_name(br), norm, squared);
+      return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+              at::Tensor(), at::Tensor()};
     }
+    const at::Tensor g = cloud_grad(grads[0], br, w, x.size(0));
+    const at::Tensor grad_d1 = torch_direction_grad(g, x, y, idx1, s[2], xl, yl, w, mean, squared);
+    at::Tensor grad_d2;
+    if (!single) grad_d2 = torch_direction_grad(g, y, x, idx2, s[3], yl, xl, w, mean, squared);
     auto [grad_x, grad_y] = nearest_neighbor_backward_op(grad_d1, x, y, idx1, norm);
     if (!single) {
       auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grad_d2, y, x, idx2, norm);
@@ -360,7 +402,7 @@ at::Tensor chamfer_distance_composite(const at::Tensor& x, const at::Tensor& y, 
                                       c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single,
                                       bool squared) {
   return forward_pieces(x, y, x_lengths, y_lengths, weights, parse_point_mean(point_reduction),
-                        parse_batch(batch_reduction), norm, single, squared)
+                        parse_batch_reduction(batch_reduction), norm, single, squared)
       .loss;
 }
 
@@ -384,6 +426,11 @@ at::Tensor chamfer_distance_autograd(c10::DispatchKeySet ks, const at::Tensor& x
 
 TORCH_LIBRARY_IMPL(pointops, CompositeExplicitAutograd, m) {
   m.impl("_chamfer_distance", &chamfer_distance_composite);
+}
+
+TORCH_LIBRARY_IMPL(pointops, CPU, m) {
+  m.impl("_chamfer_distance_loss", &chamfer_distance_loss_cpu);
+  m.impl("_chamfer_distance_backward", &chamfer_distance_backward_cpu);
 }
 
 TORCH_LIBRARY_IMPL(pointops, Autograd, m) { m.impl("_chamfer_distance", &chamfer_distance_autograd); }
