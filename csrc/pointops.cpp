@@ -6,12 +6,17 @@
 
 TORCH_LIBRARY(pointops, m) {
   // ---- Chamfer / nearest neighbour (csrc/chamfer) ----
+  // `algorithm` ("auto", "brute" or "grid"; every search op below has it, csrc/grid/grid.h): brute
+  // force or the spatial grid (D = 2, 3), which returns bit for bit the same result; "auto" takes
+  // the grid where sizes say it pays.
   // For each point of x (B,N,D) the nearest point of y (B,M,D): distance and index. norm = 2: squared
   // Euclidean distance; norm = 1: L1 distance.
-  m.def("nearest_neighbor(Tensor x, Tensor y, Tensor? x_lengths=None, Tensor? y_lengths=None, int norm=2)"
+  m.def("nearest_neighbor(Tensor x, Tensor y, Tensor? x_lengths=None, Tensor? y_lengths=None, int norm=2, "
+        "str algorithm=\"auto\")"
         " -> (Tensor dist, Tensor idx)");
   // Both directions of the Chamfer distance in one launch.
-  m.def("chamfer(Tensor x, Tensor y, Tensor? x_lengths=None, Tensor? y_lengths=None, int norm=2)"
+  m.def("chamfer(Tensor x, Tensor y, Tensor? x_lengths=None, Tensor? y_lengths=None, int norm=2, "
+        "str algorithm=\"auto\")"
         " -> (Tensor dist1, Tensor dist2, Tensor idx1, Tensor idx2)");
   // Gradient of dist = d(x, y[idx]) with respect to x (written directly) and y (scattered). idx is
   // (B, N) (one neighbour per query) or (B, N, K) (knn_points, ball_query), grad_dist the same shape;
@@ -19,7 +24,8 @@ TORCH_LIBRARY(pointops, m) {
   // chamfer_distance's loss without normals, point_reduction "mean" or "sum" (pointops/chamfer_loss.py
   // has the contract): the masks and reductions fused behind one autograd node.
   m.def("_chamfer_distance(Tensor x, Tensor y, Tensor? x_lengths, Tensor? y_lengths, Tensor? weights, "
-        "str point_reduction, str? batch_reduction, int norm, bool single_directional, bool squared) -> Tensor");
+        "str point_reduction, str? batch_reduction, int norm, bool single_directional, bool squared, "
+        "str algorithm=\"auto\") -> Tensor");
   // Its pieces as single ops (one launch each on CUDA; csrc/chamfer/chamfer_loss.h has the formula):
   // the reduction of the kernel's distances (dist2 absent: one direction; num_y = y's point count),
   // and the gradient with respect to x and y (dist2 / idx2 absent: one direction).
@@ -36,12 +42,13 @@ TORCH_LIBRARY(pointops, m) {
   // dists (B, N, K) (squared Euclidean for norm = 2, L1 for norm = 1) and idx (B, N, K) int64. Slots
   // without a neighbour (fewer than K valid points in the cloud, padded queries, non-finite distances)
   // hold dist 0 and idx -1. K = 1 is nearest_neighbor's search.
-  m.def("knn_points(Tensor p1, Tensor p2, Tensor? lengths1=None, Tensor? lengths2=None, int K=1, int norm=2)"
+  m.def("knn_points(Tensor p1, Tensor p2, Tensor? lengths1=None, Tensor? lengths2=None, int K=1, int norm=2, "
+        "str algorithm=\"auto\")"
         " -> (Tensor dists, Tensor idx)");
   // The first K points of p2 (in index order) whose squared distance to a point of p1 is below
   // radius^2: dists (B, N, K) squared distances, idx (B, N, K); unused slots dist 0, idx -1.
   m.def("ball_query(Tensor p1, Tensor p2, Tensor? lengths1=None, Tensor? lengths2=None, int K=500, "
-        "float radius=0.2) -> (Tensor dists, Tensor idx)");
+        "float radius=0.2, str algorithm=\"auto\") -> (Tensor dists, Tensor idx)");
   // Farthest point sampling: idx (B, max_K) int64 into points (B, N, D). Cloud b takes
   // min(K[b], max_K, its finite points) samples (K absent: max_K), starting at start_idx[b] (absent:
   // 0); ties go to the smallest index; -1 past a cloud's samples.

@@ -218,7 +218,7 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
                      x_normals: Optional[Tensor] = None, y_normals: Optional[Tensor] = None,
                      weights: Optional[Tensor] = None, batch_reduction: Optional[str] = "mean",
                      point_reduction: Optional[str] = "mean", norm: int = 2, single_directional: bool = False,
-                     abs_cosine: bool = True, *, squared: bool = True):
+                     abs_cosine: bool = True, *, squared: bool = True, algorithm: str = "auto"):
     """Chamfer distance between two batches of point clouds: ``pytorch3d.loss.chamfer_distance``'s
     contract, on pointops' kernels (CPU and CUDA, exact distances, deterministic option).
 
@@ -254,6 +254,9 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
         abs_cosine: ``1 - |cos|`` (normals' orientation ignored) rather than ``1 - cos``.
         squared: pointops only, keyword-only: with ``norm=2``, False uses Euclidean (not squared)
             distances (gradient 0 where a point sits exactly on its neighbour).
+        algorithm: pointops only, keyword-only: the nearest-neighbour search, ``"auto"`` (default),
+            ``"brute"`` or ``"grid"`` (D = 2, 3; see :mod:`pointops.chamfer`). Every choice gives the
+            same loss and the same gradients bit for bit.
 
     Returns:
         ``(loss, loss_normals)``. ``loss`` is a scalar (``batch_reduction`` "mean"/"sum") or (N,).
@@ -304,12 +307,13 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
     if (point_reduction in _FUSED_POINT_REDUCTIONS and (x_normals is None or y_normals is None)
             and (weights is None or not weights.requires_grad)):
         return torch.ops.pointops._chamfer_distance(x, y, x_lengths, y_lengths, weights, point_reduction,
-                                                    batch_reduction, norm, single_directional, squared), None
+                                                    batch_reduction, norm, single_directional, squared,
+                                                    algorithm), None
 
     if single_directional:
-        dist_x, idx_x = nearest_neighbor(x, y, x_lengths, y_lengths, norm=norm)
+        dist_x, idx_x = nearest_neighbor(x, y, x_lengths, y_lengths, norm=norm, algorithm=algorithm)
     else:
-        dist_x, dist_y, idx_x, idx_y = chamfer(x, y, x_lengths, y_lengths, norm=norm)
+        dist_x, dist_y, idx_x, idx_y = chamfer(x, y, x_lengths, y_lengths, norm=norm, algorithm=algorithm)
     cham_x, normal_x = _direction_terms(dist_x, idx_x, x_lengths, y_lengths, y.shape[1], x_normals, y_normals,
                                         weights, squared, abs_cosine)
     if not single_directional:
@@ -349,7 +353,7 @@ class ChamferLoss(torch.nn.Module):
     # written for the old order must fail loudly rather than swap the two reductions.
     def __init__(self, *, batch_reduction: Optional[str] = "mean", point_reduction: Optional[str] = "mean",
                  norm: int = 2, single_directional: bool = False, abs_cosine: bool = True,
-                 squared: bool = True):
+                 squared: bool = True, algorithm: str = "auto"):
         super().__init__()
         _validate_reductions(batch_reduction, point_reduction)
         _validate_norm(norm, squared)
@@ -359,6 +363,7 @@ class ChamferLoss(torch.nn.Module):
         self.single_directional = single_directional
         self.abs_cosine = abs_cosine
         self.squared = squared
+        self.algorithm = algorithm
 
     def forward(self, x, y, x_lengths: Optional[Tensor] = None, y_lengths: Optional[Tensor] = None,
                 x_normals: Optional[Tensor] = None, y_normals: Optional[Tensor] = None,
@@ -366,9 +371,9 @@ class ChamferLoss(torch.nn.Module):
         return chamfer_distance(x, y, x_lengths, y_lengths, x_normals, y_normals, weights,
                                 batch_reduction=self.batch_reduction, point_reduction=self.point_reduction,
                                 norm=self.norm, single_directional=self.single_directional,
-                                abs_cosine=self.abs_cosine, squared=self.squared)
+                                abs_cosine=self.abs_cosine, squared=self.squared, algorithm=self.algorithm)
 
     def extra_repr(self) -> str:
         return (f"batch_reduction={self.batch_reduction!r}, point_reduction={self.point_reduction!r}, "
                 f"norm={self.norm}, single_directional={self.single_directional}, "
-                f"abs_cosine={self.abs_cosine}, squared={self.squared}")
+                f"abs_cosine={self.abs_cosine}, squared={self.squared}, algorithm={self.algorithm!r}")

@@ -22,6 +22,11 @@ Semantics every op here shares:
   ``knn_points``, which writes index 0 there (a real point); ``knn_gather`` gives zeros for both.
 - **Gradients** flow to ``p1`` and ``p2`` through the distances (to any order), not through
   the indices.
+- **Search** (``algorithm=``, keyword-only on :func:`knn_points` and :func:`ball_query`):
+  ``"brute"``, ``"grid"`` (D = 2, 3: a uniform grid of the reference cloud's occupied cells, searched
+  outward from each query; ball_query visits only the cells within the radius) or ``"auto"``
+  (default: the grid where the sizes say it pays). The grid returns the brute-force result bit for
+  bit; see :mod:`pointops.chamfer` for its cost and when "auto" takes it.
 """
 import numbers
 from typing import NamedTuple, Optional, Tuple, Union
@@ -29,7 +34,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .chamfer import _FLOAT_DTYPES, _require_tensors
+from .chamfer import _FLOAT_DTYPES, _check_algorithm, _require_tensors
 
 __all__ = ["KNN", "knn_points", "knn_gather", "ball_query", "sample_farthest_points"]
 
@@ -47,15 +52,17 @@ def _check_pair(p1: Tensor, p2: Tensor) -> None:
 
 
 @torch.library.register_fake("pointops::knn_points")
-def _knn_points_fake(p1, p2, lengths1=None, lengths2=None, K=1, norm=2):
+def _knn_points_fake(p1, p2, lengths1=None, lengths2=None, K=1, norm=2, algorithm="auto"):
     _check_pair(p1, p2)
+    _check_algorithm(algorithm, p1.shape[2])
     torch._check(K >= 1, lambda: f"K must be at least 1, got {K}")
     return p1.new_empty(p1.shape[0], p1.shape[1], K), p1.new_empty(p1.shape[0], p1.shape[1], K, dtype=torch.int64)
 
 
 @torch.library.register_fake("pointops::ball_query")
-def _ball_query_fake(p1, p2, lengths1=None, lengths2=None, K=500, radius=0.2):
+def _ball_query_fake(p1, p2, lengths1=None, lengths2=None, K=500, radius=0.2, algorithm="auto"):
     _check_pair(p1, p2)
+    _check_algorithm(algorithm, p1.shape[2])
     torch._check(K >= 1, lambda: f"K must be at least 1, got {K}")
     return p1.new_empty(p1.shape[0], p1.shape[1], K), p1.new_empty(p1.shape[0], p1.shape[1], K, dtype=torch.int64)
 
@@ -96,7 +103,7 @@ def _check_count(name: str, value) -> None:
 
 def knn_points(p1: Tensor, p2: Tensor, lengths1: Optional[Tensor] = None, lengths2: Optional[Tensor] = None,
                norm: int = 2, K: int = 1, version: int = -1, return_nn: bool = False,
-               return_sorted: bool = True) -> KNN:
+               return_sorted: bool = True, *, algorithm: str = "auto") -> KNN:
     """The K nearest points of ``p2`` for every point of ``p1`` (PyTorch3D's ``knn_points``).
 
     Args:
@@ -109,6 +116,8 @@ def knn_points(p1: Tensor, p2: Tensor, lengths1: Optional[Tensor] = None, length
         version: accepted for PyTorch3D compatibility and ignored (one kernel family serves all).
         return_nn: also return the neighbours' coordinates, ``knn_gather(p2, idx, lengths2)``.
         return_sorted: accepted and ignored: the neighbours are always sorted by (distance, index).
+        algorithm: pointops only, keyword-only: ``"auto"`` (default), ``"brute"`` or ``"grid"``
+            (D = 2, 3); the same result bit for bit either way.
 
     Returns:
         ``KNN(dists, idx, knn)``: ``dists`` (B, N, K) in p1's dtype, ascending; ``idx`` (B, N, K)
@@ -124,7 +133,7 @@ def knn_points(p1: Tensor, p2: Tensor, lengths1: Optional[Tensor] = None, length
     if norm not in (1, 2):
         raise ValueError(f"Support for 1 or 2 norm: norm must be 1 or 2, got {norm!r}")
     _check_count("K", K)
-    dists, idx = torch.ops.pointops.knn_points(p1, p2, lengths1, lengths2, K, norm)
+    dists, idx = torch.ops.pointops.knn_points(p1, p2, lengths1, lengths2, K, norm, algorithm)
     nn = knn_gather(p2, idx, lengths2) if return_nn else None
     return KNN(dists, idx, nn)
 
@@ -159,13 +168,15 @@ def knn_gather(x: Tensor, idx: Tensor, lengths: Optional[Tensor] = None) -> Tens
 
 
 def ball_query(p1: Tensor, p2: Tensor, lengths1: Optional[Tensor] = None, lengths2: Optional[Tensor] = None,
-               K: int = 500, radius: float = 0.2, return_nn: bool = True) -> KNN:
+               K: int = 500, radius: float = 0.2, return_nn: bool = True, *, algorithm: str = "auto") -> KNN:
     """The first K points of ``p2`` within ``radius`` of every point of ``p1`` (PyTorch3D's
     ``ball_query``).
 
     A point is within the ball when its squared distance is strictly below ``radius**2`` (squared
     in double precision, rounded once to the compute type). Neighbours come in index order (the
-    first K found scanning p2), not sorted by distance.
+    first K found scanning p2), not sorted by distance. ``algorithm`` (keyword-only): ``"auto"``,
+    ``"brute"`` or ``"grid"`` (D = 2, 3: only the cells within the radius are visited), as
+    :func:`knn_points`; the same result bit for bit either way.
 
     Returns:
         ``KNN(dists, idx, knn)``: ``dists`` (B, N, K) squared distances, ``idx`` (B, N, K) int64,
@@ -182,7 +193,7 @@ def ball_query(p1: Tensor, p2: Tensor, lengths1: Optional[Tensor] = None, length
         raise TypeError(f"radius must be a real number, got {type(radius).__name__} {radius!r}")
     if not (radius > 0 and radius < float("inf")):  # NaN fails too
         raise ValueError(f"radius must be a finite number > 0, got {radius}")
-    dists, idx = torch.ops.pointops.ball_query(p1, p2, lengths1, lengths2, K, float(radius))
+    dists, idx = torch.ops.pointops.ball_query(p1, p2, lengths1, lengths2, K, float(radius), algorithm)
     nn = knn_gather(p2, idx) if return_nn else None
     return KNN(dists, idx, nn)
 

@@ -104,7 +104,8 @@ def _edges(idx_rows: Tensor, x_clouds: "_Clouds", y_clouds: "_Clouds") -> Tensor
     return torch.stack([rows[mask], cols[mask]])
 
 
-def knn(x: Tensor, y: Tensor, k: int, batch_x: Optional[Tensor] = None, batch_y: Optional[Tensor] = None) -> Tensor:
+def knn(x: Tensor, y: Tensor, k: int, batch_x: Optional[Tensor] = None, batch_y: Optional[Tensor] = None, *,
+        algorithm: str = "auto") -> Tensor:
     """For each point of ``y`` the ``k`` nearest points of ``x`` in the same cloud (torch_cluster's
     ``knn``), squared Euclidean distance.
 
@@ -112,6 +113,9 @@ def knn(x: Tensor, y: Tensor, k: int, batch_x: Optional[Tensor] = None, batch_y:
         (2, E) int64 edges: row 0 indexes y (the query), row 1 indexes x (the neighbour). Rows come in
         increasing y order, each y's neighbours nearest first (ties: smaller index). A query whose
         cloud in x has fewer than k points gets fewer edges (no padding).
+
+    ``algorithm`` (keyword-only): :func:`pointops.knn_points`' search choice, ``"auto"``, ``"brute"``
+    or ``"grid"`` (D = 2, 3); the same edges either way.
     """
     _check_points(x, y)
     _check_count("k", k)
@@ -119,12 +123,13 @@ def knn(x: Tensor, y: Tensor, k: int, batch_x: Optional[Tensor] = None, batch_y:
                                  (y, _batch_vector(batch_y, y, "batch_y", "y"), "batch_y"))
     if x_clouds.num_clouds == 0:
         return torch.empty(2, 0, dtype=torch.int64, device=x.device)
-    _, idx, _ = knn_points(y_clouds.pad(y), x_clouds.pad(x), y_clouds.counts, x_clouds.counts, K=k)
+    _, idx, _ = knn_points(y_clouds.pad(y), x_clouds.pad(x), y_clouds.counts, x_clouds.counts, K=k,
+                           algorithm=algorithm)
     return _edges(y_clouds.unpad(idx), x_clouds, y_clouds)
 
 
 def radius(x: Tensor, y: Tensor, r: float, batch_x: Optional[Tensor] = None, batch_y: Optional[Tensor] = None,
-           max_num_neighbors: int = 32) -> Tensor:
+           max_num_neighbors: int = 32, *, algorithm: str = "auto") -> Tensor:
     """For each point of ``y`` the points of ``x`` in the same cloud whose squared distance is below
     ``r**2``, at most ``max_num_neighbors`` of them: the first ones in x's index order (torch_cluster's
     ``radius`` on CUDA; its CPU version keeps a tree order instead).
@@ -132,6 +137,9 @@ def radius(x: Tensor, y: Tensor, r: float, batch_x: Optional[Tensor] = None, bat
     Returns:
         (2, E) int64 edges: row 0 indexes y, row 1 indexes x; rows ascending, each row's neighbours in
         increasing x index.
+
+    ``algorithm`` (keyword-only): :func:`pointops.ball_query`'s search choice, ``"auto"``,
+    ``"brute"`` or ``"grid"`` (D = 2, 3); the same edges either way.
     """
     _check_points(x, y)
     _check_count("max_num_neighbors", max_num_neighbors)
@@ -140,7 +148,7 @@ def radius(x: Tensor, y: Tensor, r: float, batch_x: Optional[Tensor] = None, bat
     if x_clouds.num_clouds == 0:
         return torch.empty(2, 0, dtype=torch.int64, device=x.device)
     _, idx, _ = ball_query(y_clouds.pad(y), x_clouds.pad(x), y_clouds.counts, x_clouds.counts, K=max_num_neighbors,
-                           radius=r, return_nn=False)
+                           radius=r, return_nn=False, algorithm=algorithm)
     return _edges(y_clouds.unpad(idx), x_clouds, y_clouds)
 
 

@@ -89,14 +89,15 @@ class NearestNeighborBackwardFunction : public torch::autograd::Function<Nearest
 class NearestNeighborFunction : public torch::autograd::Function<NearestNeighborFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
-                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths, int64_t norm) {
+                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths, int64_t norm,
+                               c10::string_view algorithm) {
     at::AutoDispatchBelowADInplaceOrView guard;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pointops::nearest_neighbor", "")
                          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                                    const OptionalTensor&, const OptionalTensor&,
-                                                                   int64_t)>();
-    auto [dist, idx] = op.call(x, y, x_lengths, y_lengths, norm);
+                                                                   int64_t, c10::string_view)>();
+    auto [dist, idx] = op.call(x, y, x_lengths, y_lengths, norm, algorithm);
     ctx->save_for_backward({x, y, idx});
     ctx->saved_data["norm"] = norm;
     ctx->mark_non_differentiable({idx});
@@ -107,21 +108,22 @@ class NearestNeighborFunction : public torch::autograd::Function<NearestNeighbor
     const auto saved = ctx->get_saved_variables();
     auto [grad_x, grad_y] =
         nearest_neighbor_backward_op(grads[0], saved[0], saved[1], saved[2], ctx->saved_data["norm"].toInt());
-    return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 class ChamferFunction : public torch::autograd::Function<ChamferFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
-                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths, int64_t norm) {
+                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths, int64_t norm,
+                               c10::string_view algorithm) {
     at::AutoDispatchBelowADInplaceOrView guard;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pointops::chamfer", "")
                          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                              const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
-                             int64_t)>();
-    auto [dist1, dist2, idx1, idx2] = op.call(x, y, x_lengths, y_lengths, norm);
+                             int64_t, c10::string_view)>();
+    auto [dist1, dist2, idx1, idx2] = op.call(x, y, x_lengths, y_lengths, norm, algorithm);
     ctx->save_for_backward({x, y, idx1, idx2});
     ctx->saved_data["norm"] = norm;
     ctx->mark_non_differentiable({idx1, idx2});
@@ -135,7 +137,7 @@ class ChamferFunction : public torch::autograd::Function<ChamferFunction> {
     const int64_t norm = ctx->saved_data["norm"].toInt();
     auto [grad_x1, grad_y1] = nearest_neighbor_backward_op(grads[0], x, y, idx1, norm);
     auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grads[1], y, x, idx2, norm);
-    return {grad_x1.add_(grad_x2), grad_y1.add_(grad_y2), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x1.add_(grad_x2), grad_y1.add_(grad_y2), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -147,16 +149,17 @@ bool needs_graph(const at::Tensor& x, const at::Tensor& y) {
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_autograd(c10::DispatchKeySet ks, const at::Tensor& x,
                                                              const at::Tensor& y, const OptionalTensor& x_lengths,
-                                                             const OptionalTensor& y_lengths, int64_t norm) {
+                                                             const OptionalTensor& y_lengths, int64_t norm,
+                                                             c10::string_view algorithm) {
   if (!needs_graph(x, y)) {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pointops::nearest_neighbor", "")
                          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                                    const OptionalTensor&, const OptionalTensor&,
-                                                                   int64_t)>();
-    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, y, x_lengths, y_lengths, norm);
+                                                                   int64_t, c10::string_view)>();
+    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, y, x_lengths, y_lengths, norm, algorithm);
   }
-  auto out = NearestNeighborFunction::apply(x, y, x_lengths, y_lengths, norm);
+  auto out = NearestNeighborFunction::apply(x, y, x_lengths, y_lengths, norm, algorithm);
   return {out[0], out[1]};
 }
 
@@ -164,16 +167,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_autograd(c10:
                                                                             const at::Tensor& x, const at::Tensor& y,
                                                                             const OptionalTensor& x_lengths,
                                                                             const OptionalTensor& y_lengths,
-                                                                            int64_t norm) {
+                                                                            int64_t norm, c10::string_view algorithm) {
   if (!needs_graph(x, y)) {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pointops::chamfer", "")
                          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                              const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
-                             int64_t)>();
-    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, y, x_lengths, y_lengths, norm);
+                             int64_t, c10::string_view)>();
+    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, y, x_lengths, y_lengths, norm, algorithm);
   }
-  auto out = ChamferFunction::apply(x, y, x_lengths, y_lengths, norm);
+  auto out = ChamferFunction::apply(x, y, x_lengths, y_lengths, norm, algorithm);
   return {out[0], out[1], out[2], out[3]};
 }
 

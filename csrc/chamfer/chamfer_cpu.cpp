@@ -11,6 +11,7 @@
 
 #include "chamfer/chamfer.h"
 #include "common/cpu_dispatch.h"
+#include "grid/grid.h"
 
 namespace pointops {
 namespace {
@@ -104,21 +105,36 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cpu(const at::Tens
 
 namespace {
 
+// One direction with the search `algorithm` picks (the grid returns brute force's result bit for bit).
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_search_cpu(const at::Tensor& x, const at::Tensor& y,
+                                                               const at::Tensor& x_len, const at::Tensor& y_len,
+                                                               Metric metric, bool grid) {
+  if (!grid) return nearest_neighbor_direction_cpu(x, y, x_len, y_len, metric, false);
+  auto [dist, idx] = knn_grid_cpu(x, y, x_len, y_len, /*K=*/1, metric, /*zero_unmatched=*/false);
+  return {dist.squeeze(2), idx.squeeze(2)};
+}
+
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cpu(const at::Tensor& x, const at::Tensor& y,
                                                         const c10::optional<at::Tensor>& x_lengths,
                                                         const c10::optional<at::Tensor>& y_lengths,
-                                                        int64_t norm) {
+                                                        int64_t norm, c10::string_view algorithm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
-  return nearest_neighbor_direction_cpu(x, y, x_len, y_len, metric_from_norm(norm), false);
+  const Metric metric = metric_from_norm(norm);
+  const bool grid = choose_grid(algorithm, x.size(0), x.size(1), y.size(1), x.size(2), 1, &grid_pays_cpu);
+  return nearest_neighbor_search_cpu(x, y, x_len, y_len, metric, grid);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cpu(
     const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& x_lengths,
-    const c10::optional<at::Tensor>& y_lengths, int64_t norm) {
+    const c10::optional<at::Tensor>& y_lengths, int64_t norm, c10::string_view algorithm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
   const Metric metric = metric_from_norm(norm);
-  auto [dist1, idx1] = nearest_neighbor_direction_cpu(x, y, x_len, y_len, metric, false);
-  auto [dist2, idx2] = nearest_neighbor_direction_cpu(y, x, y_len, x_len, metric, false);
+  const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
+  // each direction decides on its own sizes ("grid" forces both)
+  const bool grid1 = choose_grid(algorithm, B, N, M, dim, 1, &grid_pays_cpu);
+  const bool grid2 = choose_grid(algorithm, B, M, N, dim, 1, &grid_pays_cpu);
+  auto [dist1, idx1] = nearest_neighbor_search_cpu(x, y, x_len, y_len, metric, grid1);
+  auto [dist2, idx2] = nearest_neighbor_search_cpu(y, x, y_len, x_len, metric, grid2);
   return {dist1, dist2, idx1, idx2};
 }
 

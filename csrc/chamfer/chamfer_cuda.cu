@@ -19,6 +19,7 @@
 #include "chamfer/chamfer.h"
 #include "common/cuda_utils.cuh"
 #include "common/point_tile.cuh"
+#include "grid/grid.h"
 
 namespace pointops {
 namespace {
@@ -373,20 +374,45 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cuda(const at::Ten
 
 namespace {
 
+// One direction on the spatial grid (knn_grid_cuda, K = 1): brute force's result bit for bit.
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_grid_cuda(const at::Tensor& x, const at::Tensor& y,
+                                                              const at::Tensor& x_len, const at::Tensor& y_len,
+                                                              Metric metric) {
+  auto [dist, idx] = knn_grid_cuda(x, y, x_len, y_len, /*K=*/1, metric, /*zero_unmatched=*/false);
+  return {dist.squeeze(2), idx.squeeze(2)};
+}
+
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cuda(const at::Tensor& x, const at::Tensor& y,
                                                          const c10::optional<at::Tensor>& x_lengths,
                                                          const c10::optional<at::Tensor>& y_lengths,
-                                                         int64_t norm) {
+                                                         int64_t norm, c10::string_view algorithm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
-  return nearest_neighbor_direction_cuda(x, y, x_len, y_len, metric_from_norm(norm), false);
+  const Metric metric = metric_from_norm(norm);
+  if (choose_grid(algorithm, x.size(0), x.size(1), y.size(1), x.size(2), 1, &grid_pays_cuda)) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    return nearest_neighbor_grid_cuda(x, y, x_len, y_len, metric);
+  }
+  return nearest_neighbor_direction_cuda(x, y, x_len, y_len, metric, false);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cuda(
     const at::Tensor& x, const at::Tensor& y, const c10::optional<at::Tensor>& x_lengths,
-    const c10::optional<at::Tensor>& y_lengths, int64_t norm) {
+    const c10::optional<at::Tensor>& y_lengths, int64_t norm, c10::string_view algorithm) {
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
   const Metric metric = metric_from_norm(norm);
   const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
+  // each direction decides on its own sizes ("grid" forces both); brute force runs both directions
+  // in one launch, so only a mixed choice splits them
+  const bool grid1 = choose_grid(algorithm, B, N, M, dim, 1, &grid_pays_cuda);
+  const bool grid2 = choose_grid(algorithm, B, M, N, dim, 1, &grid_pays_cuda);
+  if (grid1 || grid2) {
+    auto [dist1, idx1] = grid1 ? nearest_neighbor_grid_cuda(x, y, x_len, y_len, metric)
+                               : nearest_neighbor_direction_cuda(x, y, x_len, y_len, metric, false);
+    auto [dist2, idx2] = grid2 ? nearest_neighbor_grid_cuda(y, x, y_len, x_len, metric)
+                               : nearest_neighbor_direction_cuda(y, x, y_len, x_len, metric, false);
+    return {dist1, dist2, idx1, idx2};
+  }
   DirectionTensors dirs[2] = {make_direction_tensors(x, y, x_len, y_len),
                               make_direction_tensors(y, x, y_len, x_len)};
   if (x.size(0) * (x.size(1) + y.size(1)) > 0) nearest_neighbor_cuda_impl(dirs, 2, metric);

@@ -261,7 +261,7 @@ std::tuple<at::Tensor, at::Tensor> chamfer_distance_backward_cpu(
 
 Pieces forward_pieces(const at::Tensor& x, const at::Tensor& y, const OptionalTensor& x_lengths,
                       const OptionalTensor& y_lengths, const OptionalTensor& weights, bool point_mean,
-                      BatchReduction br, int64_t norm, bool single, bool squared) {
+                      BatchReduction br, int64_t norm, bool single, bool squared, c10::string_view algorithm) {
   Pieces p;
   const at::Tensor& w = defined_or_empty(weights);
   if (single) {
@@ -269,15 +269,15 @@ Pieces forward_pieces(const at::Tensor& x, const at::Tensor& y, const OptionalTe
                          .findSchemaOrThrow("pointops::nearest_neighbor", "")
                          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                                    const OptionalTensor&, const OptionalTensor&,
-                                                                   int64_t)>();
-    std::tie(p.dist1, p.idx1) = nn.call(x, y, x_lengths, y_lengths, norm);
+                                                                   int64_t, c10::string_view)>();
+    std::tie(p.dist1, p.idx1) = nn.call(x, y, x_lengths, y_lengths, norm, algorithm);
   } else {
     static auto ch = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("pointops::chamfer", "")
                          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                              const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
-                             int64_t)>();
-    std::tie(p.dist1, p.dist2, p.idx1, p.idx2) = ch.call(x, y, x_lengths, y_lengths, norm);
+                             int64_t, c10::string_view)>();
+    std::tie(p.dist1, p.dist2, p.idx1, p.idx2) = ch.call(x, y, x_lengths, y_lengths, norm, algorithm);
   }
   if (fusable(x) && fusable(p.dist1)) {  // one op: loops on the CPU, one launch on CUDA
     static auto loss = c10::Dispatcher::singleton()
@@ -342,11 +342,12 @@ class ChamferDistanceFunction : public torch::autograd::Function<ChamferDistance
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
                             const OptionalTensor& x_lengths, const OptionalTensor& y_lengths,
                             const OptionalTensor& weights, c10::string_view point_reduction,
-                            c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single, bool squared) {
+                            c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single, bool squared,
+                            c10::string_view algorithm) {
     at::AutoDispatchBelowADInplaceOrView guard;
     const BatchReduction br = parse_batch_reduction(batch_reduction);
     Pieces p = forward_pieces(x, y, x_lengths, y_lengths, weights, parse_point_mean(point_reduction), br, norm,
-                              single, squared);
+                              single, squared, algorithm);
     ctx->save_for_backward({x, y, p.dist1, p.dist2, p.idx1, p.idx2, defined_or_empty(x_lengths),
                             defined_or_empty(y_lengths), defined_or_empty(weights)});
     // one entry (each costs a hashed string key): batch reduction, norm, and three flags
@@ -378,7 +379,7 @@ class ChamferDistanceFunction : public torch::autograd::Function<ChamferDistance
                      single ? OptionalTensor() : OptionalTensor(idx2), optional_of(xl), optional_of(yl), optional_of(w),
                      point_reduction_name(mean), batch_reduction_name(br), norm, squared);
       return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-              at::Tensor(), at::Tensor()};
+              at::Tensor(), at::Tensor(), at::Tensor()};
     }
     const at::Tensor g = cloud_grad(grads[0], br, w, x.size(0));
     const at::Tensor grad_d1 = torch_direction_grad(g, x, y, idx1, s[2], xl, yl, w, mean, squared);
@@ -391,7 +392,7 @@ class ChamferDistanceFunction : public torch::autograd::Function<ChamferDistance
       grad_y.add_(grad_y2);
     }
     return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -400,9 +401,9 @@ at::Tensor chamfer_distance_composite(const at::Tensor& x, const at::Tensor& y, 
                                       const OptionalTensor& y_lengths, const OptionalTensor& weights,
                                       c10::string_view point_reduction,
                                       c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single,
-                                      bool squared) {
+                                      bool squared, c10::string_view algorithm) {
   return forward_pieces(x, y, x_lengths, y_lengths, weights, parse_point_mean(point_reduction),
-                        parse_batch_reduction(batch_reduction), norm, single, squared)
+                        parse_batch_reduction(batch_reduction), norm, single, squared, algorithm)
       .loss;
 }
 
@@ -410,16 +411,16 @@ at::Tensor chamfer_distance_autograd(c10::DispatchKeySet ks, const at::Tensor& x
                                      const OptionalTensor& x_lengths, const OptionalTensor& y_lengths,
                                      const OptionalTensor& weights, c10::string_view point_reduction,
                                      c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single,
-                                     bool squared) {
+                                     bool squared, c10::string_view algorithm) {
   TORCH_CHECK(!(weights.has_value() && weights->defined() && weights->requires_grad()),
               "_chamfer_distance: weights that require grad take chamfer_distance's general path");
   if (!at::GradMode::is_enabled() || !(x.requires_grad() || y.requires_grad())) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return chamfer_distance_composite(x, y, x_lengths, y_lengths, weights, point_reduction, batch_reduction, norm,
-                                      single, squared);
+                                      single, squared, algorithm);
   }
   return ChamferDistanceFunction::apply(x, y, x_lengths, y_lengths, weights, point_reduction, batch_reduction, norm,
-                                        single, squared);
+                                        single, squared, algorithm);
 }
 
 }  // namespace

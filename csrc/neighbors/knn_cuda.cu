@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/cuda_utils.cuh"
+#include "grid/grid.h"
 #include "neighbors/knn_cuda.cuh"
 #include "neighbors/neighbors.h"
 #include "neighbors/spatial_order_cuda.cuh"
@@ -109,10 +110,13 @@ void run_register_lists_for(KnnArgs<acc_t>& a, Metric metric, const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor> knn_points_cuda(const at::Tensor& p1, const at::Tensor& p2,
                                                    const c10::optional<at::Tensor>& lengths1,
                                                    const c10::optional<at::Tensor>& lengths2, int64_t K,
-                                                   int64_t norm) {
+                                                   int64_t norm, c10::string_view algorithm) {
   const auto [len1, len2] = check_knn_inputs(p1, p2, lengths1, lengths2, K, norm);
   const Metric metric = metric_from_norm(norm);
   const c10::cuda::CUDAGuard guard(p1.device());
+  if (choose_grid(algorithm, p1.size(0), p1.size(1), p2.size(1), p1.size(2), K, &grid_pays_cuda)) {
+    return knn_grid_cuda(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true);
+  }
   if (K == 1) {  // the nearest-neighbour search itself: knn_points(K=1) is nearest_neighbor bit for bit
     auto [dist, idx] = nearest_neighbor_direction_cuda(p1, p2, len1, len2, metric, /*zero_unmatched=*/true);
     return {dist.unsqueeze(2), idx.unsqueeze(2)};

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/cpu_dispatch.h"
+#include "grid/grid.h"
 #include "neighbors/neighbors.h"
 
 namespace pointops {
@@ -203,9 +204,13 @@ void ball_query_cpu_kernel(const scalar_t* p1, const scalar_t* p2, const int64_t
 
 std::tuple<at::Tensor, at::Tensor> knn_points_cpu(const at::Tensor& p1, const at::Tensor& p2,
                                                   const c10::optional<at::Tensor>& lengths1,
-                                                  const c10::optional<at::Tensor>& lengths2, int64_t K, int64_t norm) {
+                                                  const c10::optional<at::Tensor>& lengths2, int64_t K, int64_t norm,
+                                                  c10::string_view algorithm) {
   const auto [len1, len2] = check_knn_inputs(p1, p2, lengths1, lengths2, K, norm);
   const Metric metric = metric_from_norm(norm);
+  if (choose_grid(algorithm, p1.size(0), p1.size(1), p2.size(1), p1.size(2), K, &grid_pays_cpu)) {
+    return knn_grid_cpu(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true);
+  }
   if (K == 1) {  // the nearest-neighbour search itself: knn_points(K=1) is nearest_neighbor bit for bit
     auto [dist, idx] = nearest_neighbor_direction_cpu(p1, p2, len1, len2, metric, /*zero_unmatched=*/true);
     return {dist.unsqueeze(2), idx.unsqueeze(2)};
@@ -232,8 +237,14 @@ std::tuple<at::Tensor, at::Tensor> knn_points_cpu(const at::Tensor& p1, const at
 
 std::tuple<at::Tensor, at::Tensor> ball_query_cpu(const at::Tensor& p1, const at::Tensor& p2,
                                                   const c10::optional<at::Tensor>& lengths1,
-                                                  const c10::optional<at::Tensor>& lengths2, int64_t K, double radius) {
+                                                  const c10::optional<at::Tensor>& lengths2, int64_t K, double radius,
+                                                  c10::string_view algorithm) {
   const auto [len1, len2] = check_ball_query_inputs(p1, p2, lengths1, lengths2, K, radius);
+  // K here only caps the output: neither search's cost grows with it (brute force scans until K
+  // are found, the grid keeps its candidates in a buffer), so "auto" decides as for one neighbour.
+  if (choose_grid(algorithm, p1.size(0), p1.size(1), p2.size(1), p1.size(2), 1, &grid_pays_cpu)) {
+    return ball_query_grid_cpu(p1, p2, len1, len2, K, radius);
+  }
   const int64_t B = p1.size(0), N = p1.size(1), M = p2.size(1), dim = p1.size(2);
   auto dists = at::empty({B, N, K}, p1.options());
   auto idx = at::empty({B, N, K}, p1.options().dtype(at::kLong));

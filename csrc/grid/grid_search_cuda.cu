@@ -1,0 +1,550 @@
+// Exact neighbour searches over a uniform spatial grid on CUDA (issue 18): knn_grid_cuda (knn_points;
+// nearest_neighbor / chamfer with K = 1) and ball_query_grid_cuda. The contract is grid.h's: bit for
+// bit the brute-force result (same point_distance, (distance, index) order, NaN / +inf never listed).
+//
+// Build (per call, one grid per cloud of the reference batch; every launch on the current stream,
+// no host sync: all grid parameters live in device memory):
+//   memset   one 0xFF memset of the cleared scratch: encoded bounds, counters, the hash table
+//   bounds   grid_bounds_kernel: min / max of the finite valid references of each cloud (block
+//            reduction + integer atomics on an order-preserving encoding of the doubles), their
+//            count; the last block of each cloud (threadfence-reduction pattern) turns them into
+//            that cloud's GridParams (cell size, cells per axis, key layout; make_grid_params)
+//   keys     grid_keys_kernel: one 64-bit key per reference and per query, (cloud bit | batch |
+//            cell), invalid / non-finite points last in their half, values = their flat index
+//   sort     cub::DeviceRadixSort::SortPairs over the used key bits (stable): the references of
+//            each cell are contiguous and in index order; the queries are in cell order
+//   cells    grid_cells_kernel: the sorted reference coordinates gathered with their original index
+//            into one contiguous (B*M) array, and at each run start the cell's key -> [start, end)
+//            inserted into an open-addressing hash table (fmix64, atomicCAS, bounded linear probing,
+//            capacity a power of two >= 2 B M: never more than half full)
+// Search: one thread per query, queries in sorted (cell) order, so that a warp's queries visit the
+// same cells (divergence, L1 hits).
+//   knn      visit the query's cell (clamped into the grid), then Chebyshev rings r = 1, 2, ...;
+//            keep the K best (distance, index) in registers (K = 1 alone; else lists of 8..64,
+//            knn_cuda_lists.cuh's insertion). Once the K-th best is known, the cells that can still
+//            hold a candidate lie in a box around the query (reach_box: every cell outside it is
+//            provably farther); the rings are cut to that box and the search stops once they
+//            cover it (or the grid). A cell is skipped when its box is provably farther; a run is
+//            left early once the K-th best is 0 (the rest can only tie with larger indices).
+//            K > 64: passes of 64, each taking the best candidates after the last one written.
+//   ball     the cells within the radius (reach_box of the radius); keep the K smallest indices
+//            with d < r2 in a register list ordered by index. A cell's run is in index order, so
+//            a run is left as soon as its index passes the list's last. K > 64: passes of 64 (each
+//            pass takes the next 64 indices above the last one written).
+//
+// Why a cell can be skipped without changing any result: grid_cuda.cuh.
+//
+// Memory (bytes): 16 x capacity (table, capacity = pow2 >= 2 B M) + 24 x B (M + N) (keys and
+// values, double-buffered) + sizeof(GridPoint) x B M (16 for float D = 2, 3; 32 for double) + the
+// sort's temporary storage + small per-cloud arrays. 1M x 1M float D = 3: ~100 MB.
+//
+// Debugging: POINTOPS_GRID_POINTS_PER_CELL overrides the cell-size rule's points per cell (knn);
+// scripts/debug/grid_cuda_check.py compares algorithm="grid" with "brute" bit for bit and times it.
+// scripts/debug/grid_host_check.cu runs grid_cuda.cuh's functions on the CPU against brute force.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+
+#include "chamfer/chamfer.h"
+#include "common/cuda_utils.cuh"
+#include "grid/grid.h"
+#include "grid/grid_cuda.cuh"
+#include "neighbors/neighbors.h"
+#include "voxelize/voxelize.h"
+
+namespace pointops {
+namespace grid_cuda {
+namespace {
+
+constexpr int kBuildThreads = 256;
+constexpr int kSearchThreads = 128;
+constexpr int64_t kBoundsPointsPerBlock = 4096;  // the bounds kernel's share of a cloud per block
+constexpr int64_t kBoundsMaxBlocks = 1024;       // per cloud
+// Points per cell of the cell-size rule: ~2 for K = 1 (a query's cell and its first ring then hold
+// ~54 points in 3-D), ~K for K > 1 (its 27 cells hold the K nearest of most queries). Ball query:
+// the density rule with ~2 points per cell, and cells of at least the radius.
+constexpr double kPointsPerCellNN = 2.0;
+constexpr double kPointsPerCellPerNeighbour = 1.0;
+
+// ---------------------------------------------------------------------------------------------
+// Build kernels
+
+// doubles as uint64 whose unsigned order is the doubles' order (for integer atomicMin).
+__device__ __forceinline__ unsigned long long order_encode(double x) {
+  const unsigned long long u = static_cast<unsigned long long>(__double_as_longlong(x));
+  return (u >> 63) ? ~u : (u | (1ull << 63));
+}
+__device__ __forceinline__ double order_decode(unsigned long long e) {
+  const unsigned long long u = (e >> 63) ? (e & ~(1ull << 63)) : ~e;
+  return __longlong_as_double(static_cast<long long>(u));
+}
+
+// Scratch cleared to all-ones: per cloud 2 D encoded bounds (lo, then ~hi: both by atomicMin),
+// the finite count (holds count - 1, mod 2^32) and the finished-blocks counter (likewise).
+struct BoundsScratch {
+  unsigned long long* bounds;  // (B, 2, D)
+  uint32_t* counts;            // (B,)
+  uint32_t* done;              // (B,)
+};
+
+// blocks_per_cloud blocks per cloud: min / max of the finite valid references of their share and
+// their count, combined across blocks with atomics; the cloud's last block to finish builds its
+// GridParams (the threadfence-reduction pattern: one launch, no host round trip).
+template <typename acc_t, int D>
+__global__ void __launch_bounds__(kBuildThreads)
+grid_bounds_kernel(const acc_t* __restrict__ refs, const int64_t* __restrict__ lengths2, int64_t M,
+                   int64_t blocks_per_cloud, BoundsScratch s, BuildConfig cfg, GridParams* __restrict__ grids) {
+  constexpr int kWarps = kBuildThreads / 32;
+  __shared__ double shared_lo[kWarps][D], shared_hi[kWarps][D];
+  __shared__ uint32_t shared_n[kWarps];
+  const int64_t b = blockIdx.x / blocks_per_cloud, part = blockIdx.x % blocks_per_cloud;
+  const int64_t m_valid = lengths2 ? lengths2[b] : M;
+  double lo[D], hi[D];
+#pragma unroll
+  for (int a = 0; a < D; ++a) {
+    lo[a] = INFINITY;
+    hi[a] = -INFINITY;
+  }
+  uint32_t n = 0;
+  for (int64_t j = part * kBuildThreads + threadIdx.x; j < m_valid; j += blocks_per_cloud * kBuildThreads) {
+    const acc_t* p = refs + (b * M + j) * D;
+    if (!finite_point<acc_t, D>(p)) continue;
+    ++n;
+#pragma unroll
+    for (int a = 0; a < D; ++a) {
+      lo[a] = ::fmin(lo[a], static_cast<double>(p[a]));
+      hi[a] = ::fmax(hi[a], static_cast<double>(p[a]));
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    n += __shfl_xor_sync(0xffffffffu, n, offset);
+#pragma unroll
+    for (int a = 0; a < D; ++a) {
+      lo[a] = ::fmin(lo[a], __shfl_xor_sync(0xffffffffu, lo[a], offset));
+      hi[a] = ::fmax(hi[a], __shfl_xor_sync(0xffffffffu, hi[a], offset));
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    shared_n[warp] = n;
+#pragma unroll
+    for (int a = 0; a < D; ++a) {
+      shared_lo[warp][a] = lo[a];
+      shared_hi[warp][a] = hi[a];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kWarps; ++w) {
+    n += shared_n[w];
+#pragma unroll
+    for (int a = 0; a < D; ++a) {
+      lo[a] = ::fmin(lo[a], shared_lo[w][a]);
+      hi[a] = ::fmax(hi[a], shared_hi[w][a]);
+    }
+  }
+  unsigned long long* bounds = s.bounds + b * 2 * D;
+  if (n > 0) {
+#pragma unroll
+    for (int a = 0; a < D; ++a) {
+      atomicMin(bounds + a, order_encode(lo[a]));
+      atomicMin(bounds + D + a, ~order_encode(hi[a]));
+    }
+    atomicAdd(s.counts + b, n);
+  }
+  __threadfence();
+  // The counters start at all-ones: the first block to finish reads 0xFFFFFFFF, i.e. "0 before me".
+  const uint32_t finished_before = atomicAdd(s.done + b, 1u) + 1u;
+  if (finished_before != static_cast<uint32_t>(blocks_per_cloud - 1)) return;
+  __threadfence();  // every other block's atomics are visible to the last one
+  const int64_t count = static_cast<int64_t>(atomicAdd(s.counts + b, 0u) + 1u);
+  double cloud_lo[D], cloud_hi[D];
+#pragma unroll
+  for (int a = 0; a < D; ++a) {
+    cloud_lo[a] = order_decode(atomicAdd(bounds + a, 0ull));
+    cloud_hi[a] = order_decode(~atomicAdd(bounds + D + a, 0ull));
+  }
+  grids[b] = make_grid_params<D>(cloud_lo, cloud_hi, count, cfg);
+}
+
+// Sort keys: references [0, B M) then queries [B M, B (M + N)), each with point_sort_key; the
+// queries' keys also carry bit query_bit, so that they sort after every reference. Values: the
+// flat index.
+template <typename acc_t, int D>
+__global__ void grid_keys_kernel(const acc_t* __restrict__ queries, const acc_t* __restrict__ refs,
+                                 const int64_t* __restrict__ lengths1, const int64_t* __restrict__ lengths2,
+                                 int64_t B, int64_t N, int64_t M, const GridParams* __restrict__ grids,
+                                 int log2_cells, int query_bit, uint64_t* __restrict__ keys,
+                                 int32_t* __restrict__ values) {
+  const int64_t refs_total = B * M, total = B * (M + N);
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const bool is_ref = e < refs_total;
+    const int64_t f = is_ref ? e : e - refs_total;
+    const int64_t size = is_ref ? M : N;
+    const int64_t b = f / size, i = f - b * size;
+    const int64_t* lengths = is_ref ? lengths2 : lengths1;
+    const acc_t* p = (is_ref ? refs : queries) + f * D;
+    const uint64_t key =
+        point_sort_key<acc_t, D>(p, b, i, lengths ? lengths[b] : size, B, grids[b], log2_cells);
+    keys[e] = is_ref ? key : (key | (1ull << query_bit));
+    values[e] = static_cast<int32_t>(e);
+  }
+}
+
+__device__ __forceinline__ void insert_cell(CellSlot* table, uint64_t mask, uint64_t key, int32_t start,
+                                            int32_t end) {
+  uint64_t h = voxelize::fmix64(key) & mask;
+  // Each key is inserted once (one run per cell) into a table at most half full: a free slot is
+  // always found; the bound only makes "never loops forever" true by construction.
+  for (uint64_t probe = 0; probe <= mask; ++probe) {
+    if (atomicCAS(&table[h].key, kEmptyKey, static_cast<unsigned long long>(key)) == kEmptyKey) {
+      table[h].start = start;
+      table[h].end = end;
+      return;
+    }
+    h = (h + 1) & mask;
+  }
+}
+
+// The sorted references gathered with their indices, and each cell's run into the hash table.
+template <typename acc_t, int D>
+__global__ void grid_cells_kernel(const acc_t* __restrict__ refs, int64_t B, int64_t M,
+                                  const uint64_t* __restrict__ keys, const int32_t* __restrict__ values,
+                                  int log2_cells, CellSlot* __restrict__ table, uint64_t mask,
+                                  GridPoint<acc_t, D>* __restrict__ points) {
+  const int64_t total = B * M;
+  const uint64_t invalid = static_cast<uint64_t>(B) << log2_cells;
+  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < total;
+       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t key = keys[s];
+    if (key >= invalid) continue;  // padded / non-finite: sorted after every valid reference, never read
+    const int64_t v = values[s];
+    const int64_t b = v / M;
+    GridPoint<acc_t, D> p;
+#pragma unroll
+    for (int a = 0; a < D; ++a) p.c[a] = refs[v * D + a];
+    p.idx = static_cast<int32_t>(v - b * M);
+    points[s] = p;
+    if (s > 0 && keys[s - 1] == key) continue;
+    // The run's end: the first position after s with another key. Galloping, then a binary
+    // search: O(log run) loads, and a run can be a whole cloud. Invariant: [s, lo) hold the key;
+    // hi is total or holds another key.
+    int64_t lo = s + 1, hi = total;
+    for (int64_t step = 1; s + step < total; step *= 2) {
+      if (keys[s + step] != key) {
+        hi = s + step;
+        break;
+      }
+      lo = s + step + 1;
+    }
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (keys[mid] == key) lo = mid + 1; else hi = mid;
+    }
+    insert_cell(table, mask, key, static_cast<int32_t>(s), static_cast<int32_t>(lo));
+  }
+}
+
+// One thread per query, in sorted (cell) order.
+template <typename acc_t, int D, Metric metric, int KP>
+__global__ void __launch_bounds__(kSearchThreads) knn_grid_kernel(const SearchArgs<acc_t, D> a) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t < a.B * a.N) knn_search_query<acc_t, D, metric, KP>(a, t);
+}
+
+template <typename acc_t, int D, int KP>
+__global__ void __launch_bounds__(kSearchThreads) ball_grid_kernel(const SearchArgs<acc_t, D> a) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t < a.B * a.N) ball_search_query<acc_t, D, KP>(a, t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+inline int64_t align_bytes(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+inline int bit_width(uint64_t v) {
+  int bits = 0;
+  for (; v != 0; v >>= 1) ++bits;
+  return bits;
+}
+
+// The key space of one cloud: 8 cells per reference point (the density rule asks for <= 1/2 cell
+// per point for K = 1; bricks pad at most 4x per flat axis), at least 64 (one brick).
+inline int log2_cells_for(int64_t M) {
+  const uint64_t cells = static_cast<uint64_t>(std::max<int64_t>(8 * M, 64));
+  return bit_width(cells - 1);  // ceil(log2(cells))
+}
+
+// The grid of the reference clouds r (B, M, D) and the cell order of the queries q (B, N, D).
+template <typename acc_t, int D>
+struct GridBuild {
+  at::Tensor buffer;  // owns everything below
+  GridParams* grids;
+  CellSlot* table;
+  uint64_t mask;
+  GridPoint<acc_t, D>* points;
+  const int32_t* order;
+  int log2_cells;
+};
+
+template <typename acc_t, int D>
+GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const at::Tensor& len1,
+                               const at::Tensor& len2, BuildConfig cfg) {
+  const int64_t B = q.size(0), N = q.size(1), M = r.size(1);
+  const int64_t total = B * (M + N);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  GridBuild<acc_t, D> build;
+  build.log2_cells = cfg.log2_cells = log2_cells_for(M);
+  const int query_bit = bit_width(static_cast<uint64_t>(B)) + cfg.log2_cells;
+  TORCH_CHECK(query_bit + 1 <= 63, "algorithm='grid': ", B, " clouds of ", M,
+              " reference points need more than 64-bit cell keys");
+  const int end_bit = query_bit + 1;
+  const int64_t capacity = voxelize::table_capacity(std::max<int64_t>(B * M, 1));
+  build.mask = static_cast<uint64_t>(capacity - 1);
+  const int64_t blocks_per_cloud =
+      std::min(kBoundsMaxBlocks, std::max<int64_t>(1, ceil_div<int64_t>(M, kBoundsPointsPerBlock)));
+  TORCH_CHECK(B * blocks_per_cloud <= std::numeric_limits<int32_t>::max(), "algorithm='grid': too many clouds (",
+              B, ")");
+
+  size_t sort_bytes = 0;
+  {
+    cub::DoubleBuffer<uint64_t> keys(nullptr, nullptr);
+    cub::DoubleBuffer<int32_t> values(nullptr, nullptr);
+    C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, values, static_cast<int>(total), 0,
+                                                   end_bit, stream));
+  }
+  int64_t offset = 0;
+  const auto carve = [&offset](int64_t bytes) {
+    const int64_t at = offset;
+    offset += align_bytes(bytes);
+    return at;
+  };
+  // Cleared to all-ones (one memset): bounds, counters, the table.
+  const int64_t off_bounds = carve(B * 2 * D * 8);
+  const int64_t off_counts = carve(B * 4);
+  const int64_t off_done = carve(B * 4);
+  const int64_t off_table = carve(capacity * static_cast<int64_t>(sizeof(CellSlot)));
+  const int64_t cleared = offset;
+  const int64_t off_grids = carve(B * static_cast<int64_t>(sizeof(GridParams)));
+  const int64_t off_keys0 = carve(total * 8), off_keys1 = carve(total * 8);
+  const int64_t off_values0 = carve(total * 4), off_values1 = carve(total * 4);
+  const int64_t off_temp = carve(static_cast<int64_t>(sort_bytes));
+  const int64_t off_points = carve(B * M * static_cast<int64_t>(sizeof(GridPoint<acc_t, D>)));
+  build.buffer = at::empty({offset}, q.options().dtype(at::kByte));
+  char* base = static_cast<char*>(build.buffer.mutable_data_ptr());
+  BoundsScratch scratch{reinterpret_cast<unsigned long long*>(base + off_bounds),
+                        reinterpret_cast<uint32_t*>(base + off_counts), reinterpret_cast<uint32_t*>(base + off_done)};
+  build.table = reinterpret_cast<CellSlot*>(base + off_table);
+  build.grids = reinterpret_cast<GridParams*>(base + off_grids);
+  build.points = reinterpret_cast<GridPoint<acc_t, D>*>(base + off_points);
+  cub::DoubleBuffer<uint64_t> keys(reinterpret_cast<uint64_t*>(base + off_keys0),
+                                   reinterpret_cast<uint64_t*>(base + off_keys1));
+  cub::DoubleBuffer<int32_t> values(reinterpret_cast<int32_t*>(base + off_values0),
+                                    reinterpret_cast<int32_t*>(base + off_values1));
+
+  const int64_t* lengths1 = len1.defined() ? len1.data_ptr<int64_t>() : nullptr;
+  const int64_t* lengths2 = len2.defined() ? len2.data_ptr<int64_t>() : nullptr;
+  const acc_t* qp = q.data_ptr<acc_t>();
+  const acc_t* rp = r.data_ptr<acc_t>();
+
+  C10_CUDA_CHECK(cudaMemsetAsync(base, 0xFF, static_cast<size_t>(cleared), stream));
+  grid_bounds_kernel<acc_t, D><<<static_cast<unsigned>(B * blocks_per_cloud), kBuildThreads, 0, stream>>>(
+      rp, lengths2, M, blocks_per_cloud, scratch, cfg, build.grids);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  grid_keys_kernel<acc_t, D><<<grid_for(total, kBuildThreads), kBuildThreads, 0, stream>>>(
+      qp, rp, lengths1, lengths2, B, N, M, build.grids, cfg.log2_cells, query_bit, keys.Current(), values.Current());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Stable: a cell's references stay in index order (the ball query relies on it). The double
+  // buffers' selectors are flipped on the host, so Current() names the sorted arrays on return.
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + off_temp, sort_bytes, keys, values, static_cast<int>(total),
+                                                 0, end_bit, stream));
+  if (B * M > 0) {
+    grid_cells_kernel<acc_t, D><<<grid_for(B * M, kBuildThreads), kBuildThreads, 0, stream>>>(
+        rp, B, M, keys.Current(), values.Current(), cfg.log2_cells, build.table, build.mask, build.points);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  build.order = values.Current();
+  return build;
+}
+
+// What every grid search checks beyond the op's own checks.
+void check_grid_sizes(const char* op, const at::Tensor& p1, const at::Tensor& p2) {
+  const int64_t B = p1.size(0), N = p1.size(1), M = p2.size(1), dim = p1.size(2);
+  TORCH_CHECK(dim == 2 || dim == 3, "algorithm='grid' needs points of dimension 2 or 3, got D = ", dim);
+  TORCH_CHECK(B * (M + N) < std::numeric_limits<int32_t>::max(), op,
+              ": algorithm='grid' on CUDA handles fewer than 2^31 points in all (p1 and p2 together), got ", B,
+              " x (", N, " + ", M, ")");
+}
+
+double points_per_cell_override(double fallback) {
+  const char* text = std::getenv("POINTOPS_GRID_POINTS_PER_CELL");
+  if (text == nullptr || text[0] == '\0') return fallback;
+  const double value = std::atof(text);
+  return value > 0 ? value : fallback;
+}
+
+template <typename acc_t, int D>
+SearchArgs<acc_t, D> make_search_args(const at::Tensor& q, const at::Tensor& r, const at::Tensor& len1,
+                                      const at::Tensor& len2, int64_t K, const GridBuild<acc_t, D>& build,
+                                      const at::Tensor& dists, const at::Tensor& idx) {
+  SearchArgs<acc_t, D> a{};
+  a.queries = q.data_ptr<acc_t>();
+  a.lengths1 = len1.defined() ? len1.data_ptr<int64_t>() : nullptr;
+  a.lengths2 = len2.defined() ? len2.data_ptr<int64_t>() : nullptr;
+  a.B = q.size(0);
+  a.N = q.size(1);
+  a.M = r.size(1);
+  a.K = K;
+  a.grids = build.grids;
+  a.table = build.table;
+  a.mask = build.mask;
+  a.points = build.points;
+  a.order = build.order;
+  a.log2_cells = build.log2_cells;
+  a.dists = dists.data_ptr<acc_t>();
+  a.idx = idx.data_ptr<int64_t>();
+  return a;
+}
+
+template <typename Kernel, typename Args>
+void launch_search(Kernel kernel, const Args& a) {
+  const int64_t blocks = ceil_div<int64_t>(a.B * a.N, kSearchThreads);  // B N < 2^31: check_grid_sizes
+  kernel<<<static_cast<unsigned>(blocks), kSearchThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename acc_t, int D, Metric metric>
+void launch_knn(const SearchArgs<acc_t, D>& a) {
+  if (a.K == 1) {
+    launch_search(knn_grid_kernel<acc_t, D, metric, 1>, a);
+  } else if (a.K <= 8) {
+    launch_search(knn_grid_kernel<acc_t, D, metric, 8>, a);
+  } else if (a.K <= 16) {
+    launch_search(knn_grid_kernel<acc_t, D, metric, 16>, a);
+  } else if (a.K <= 32) {
+    launch_search(knn_grid_kernel<acc_t, D, metric, 32>, a);
+  } else {
+    launch_search(knn_grid_kernel<acc_t, D, metric, 64>, a);  // K > 64: passes of 64
+  }
+}
+
+template <typename acc_t, int D>
+void launch_ball(const SearchArgs<acc_t, D>& a) {
+  if (a.K <= 8) {
+    launch_search(ball_grid_kernel<acc_t, D, 8>, a);
+  } else if (a.K <= 16) {
+    launch_search(ball_grid_kernel<acc_t, D, 16>, a);
+  } else if (a.K <= 32) {
+    launch_search(ball_grid_kernel<acc_t, D, 32>, a);
+  } else {
+    launch_search(ball_grid_kernel<acc_t, D, 64>, a);  // K > 64: passes of 64
+  }
+}
+
+// Sizes from which "auto" takes the grid on CUDA. The brute-force kernels run at ~3.5e12 pairs/s on
+// an H100; the grid costs a fixed ~10 launches (memset, bounds, keys, ~4 of the radix sort, cells,
+// search) plus a few hundred ns of GPU time per thousand points. Measured on the H100
+// (scripts/debug/grid_cuda_check.py time, benchmarks/RESULTS.md), grid vs brute force:
+//   knn_points 8 x 8192^2 (5.4e8 pairs): K = 8 0.214 vs 0.507 ms, K = 16 0.331 vs 0.618, K = 32
+//   0.811 vs 1.400, K = 64 2.255 vs 2.226 (no gain: the 64-slot list insertions dominate);
+//   K = 1, chamfer 1M x 1M: 1.50 vs 574 ms, knn K = 16 1M x 1M: 3.04 vs 427 ms.
+// So lists of 2..32 take the grid from 5e8 pairs; K = 1, whose brute-force kernel is the fastest
+// and whose small-size crossover was not measured, from 1e9; K > 32 stays with brute force (the
+// grid still searches it exactly when asked: passes of up to 64). Small reference clouds fit brute
+// force's shared-memory tiles and a few queries never amortise sorting M references. The rule sees
+// sizes only: a cloud packed into a few tight clusters makes the grid a slower brute force
+// (measured 1.2x brute force: 256k x 256k in 4 clusters, 44.0 vs 36.2 ms).
+constexpr int64_t kGridMinRefs = 8192;
+constexpr int64_t kGridMinQueries = 4096;
+constexpr double kGridMinPairsNearest = 1.0e9;
+constexpr double kGridMinPairsLists = 5.0e8;
+constexpr int64_t kGridMaxAutoK = 32;
+
+}  // namespace
+}  // namespace grid_cuda
+
+bool grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K) {
+  using namespace grid_cuda;
+  if (dim != 2 && dim != 3) return false;
+  if (K < 1 || K > kGridMaxAutoK) return false;
+  if (M < kGridMinRefs || B * N < kGridMinQueries) return false;
+  if (B * (M + N) >= std::numeric_limits<int32_t>::max()) return false;
+  const double pairs = static_cast<double>(B) * static_cast<double>(N) * static_cast<double>(M);
+  return pairs >= (K == 1 ? kGridMinPairsNearest : kGridMinPairsLists);
+}
+
+std::tuple<at::Tensor, at::Tensor> knn_grid_cuda(const at::Tensor& p1, const at::Tensor& p2,
+                                                 const at::Tensor& lengths1, const at::Tensor& lengths2, int64_t K,
+                                                 Metric metric, bool zero_unmatched) {
+  using namespace grid_cuda;
+  check_grid_sizes("knn_points", p1, p2);
+  TORCH_CHECK(K >= 1, "knn_points: K must be >= 1, got ", K);
+  const c10::cuda::CUDAGuard guard(p1.device());
+  const int64_t B = p1.size(0), N = p1.size(1), dim = p1.size(2);
+  // Half types compute in float32: converted once (exactly), searched, rounded once at the end.
+  const auto compute_type = p1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto q = p1.to(compute_type).contiguous(), r = p2.to(compute_type).contiguous();
+  auto dists = at::empty({B, N, K}, q.options());
+  auto idx = at::empty({B, N, K}, q.options().dtype(at::kLong));
+  if (B * N == 0) return {dists.to(p1.scalar_type()), idx};
+  BuildConfig cfg{};
+  cfg.points_per_cell =
+      points_per_cell_override(K == 1 ? kPointsPerCellNN : kPointsPerCellPerNeighbour * static_cast<double>(K));
+  cfg.min_cell = 0;
+  AT_DISPATCH_FLOATING_TYPES(compute_type, "knn_grid_cuda", [&] {
+    using acc_t = scalar_t;
+    dispatch_dim(dim, [&](auto dim_tag) {
+      constexpr int D = decltype(dim_tag)::value;
+      if constexpr (D == 2 || D == 3) {
+        const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg);
+        auto a = make_search_args<acc_t, D>(q, r, lengths1, lengths2, K, build, dists, idx);
+        a.zero_unmatched = zero_unmatched;
+        dispatch_metric(metric, [&](auto metric_tag) { launch_knn<acc_t, D, decltype(metric_tag)::value>(a); });
+      }
+    });
+  });
+  return {dists.to(p1.scalar_type()), idx};
+}
+
+std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, const at::Tensor& p2,
+                                                        const at::Tensor& lengths1, const at::Tensor& lengths2,
+                                                        int64_t K, double radius) {
+  using namespace grid_cuda;
+  check_grid_sizes("ball_query", p1, p2);
+  TORCH_CHECK(K >= 1, "ball_query: K must be >= 1, got ", K);
+  const c10::cuda::CUDAGuard guard(p1.device());
+  const int64_t B = p1.size(0), N = p1.size(1), dim = p1.size(2);
+  const auto compute_type = p1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto q = p1.to(compute_type).contiguous(), r = p2.to(compute_type).contiguous();
+  auto dists = at::empty({B, N, K}, q.options());
+  auto idx = at::empty({B, N, K}, q.options().dtype(at::kLong));
+  if (B * N == 0) return {dists.to(p1.scalar_type()), idx};
+  BuildConfig cfg{};
+  // Cells of at least the radius: a query visits the <= 3^D cells within it (4^D when misaligned).
+  cfg.points_per_cell = kPointsPerCellNN;
+  cfg.min_cell = std::fabs(radius);  // finite (check_ball_query_inputs); huge: one cell
+  AT_DISPATCH_FLOATING_TYPES(compute_type, "ball_query_grid_cuda", [&] {
+    using acc_t = scalar_t;
+    dispatch_dim(dim, [&](auto dim_tag) {
+      constexpr int D = decltype(dim_tag)::value;
+      if constexpr (D == 2 || D == 3) {
+        const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg);
+        auto a = make_search_args<acc_t, D>(q, r, lengths1, lengths2, K, build, dists, idx);
+        a.r2 = squared_radius<acc_t>(radius);
+        launch_ball<acc_t, D>(a);
+      }
+    });
+  });
+  return {dists.to(p1.scalar_type()), idx};
+}
+
+}  // namespace pointops

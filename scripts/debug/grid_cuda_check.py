@@ -1,0 +1,375 @@
+"""The CUDA grid search (algorithm="grid", csrc/grid/grid_search_cuda.cu) against brute force, bit for
+bit, then timed with CUDA events. Needs pointops built with CUDA and a GPU.
+
+    python scripts/debug/grid_cuda_check.py              # the checks, then the timings
+    python scripts/debug/grid_cuda_check.py check [N]    # N random cases (default 300) + the fixed ones
+    python scripts/debug/grid_cuda_check.py time         # the issue's targets, real scans, adversarial
+    python scripts/debug/grid_cuda_check.py crossover    # brute vs grid over sizes (grid_pays_cuda)
+    python scripts/debug/grid_cuda_check.py sweep        # knn times over POINTOPS_GRID_POINTS_PER_CELL
+
+A mismatch prints the case (shape, sizes, dtype, seed) and the first differing rows; rerun it alone
+with `check` and the same seed. The logic of the search is also checked on the CPU, without a GPU,
+by scripts/debug/grid_host_check.sh (same header, same functions).
+"""
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+import pointops  # noqa: F401  (registers torch.ops.pointops)
+
+ops = torch.ops.pointops
+DEV = "cuda"
+INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
+            torch.float64: torch.int64}
+SHAPES = ["uniform", "clusters", "equal", "line", "plane", "lattice", "mixed", "slab", "lidar"]
+FAILURES = []
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+def cloud(shape, B, n, D, g, scale=1.0, offset=0.0):
+    """(B, n, D) float64 points of a named shape."""
+    u = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    if shape == "uniform":
+        p = u(B, n, D)
+    elif shape == "clusters":  # many points per cell
+        centers = u(B, 3, D)
+        pick = torch.randint(0, 3, (B, n), generator=g)
+        p = torch.gather(centers, 1, pick[..., None].expand(B, n, D)) + 1e-3 * torch.randn(B, n, D, generator=g,
+                                                                                           dtype=torch.float64)
+    elif shape == "equal":
+        p = u(B, 1, D).expand(B, n, D).clone()
+    elif shape == "line":
+        p = u(B, 1, D) + u(B, n, 1) * torch.randn(B, 1, D, generator=g, dtype=torch.float64)
+    elif shape == "plane":
+        p = u(B, n, D)
+        p[..., -1] = 0.5
+    elif shape == "lattice":  # exact ties everywhere
+        p = torch.randint(0, 5, (B, n, D), generator=g).double() / 4
+    elif shape == "mixed":
+        p = torch.where(u(B, n, 1) < 0.5, u(B, n, D), u(B, 1, D) + 1e-4 * torch.randn(B, n, D, generator=g,
+                                                                                     dtype=torch.float64))
+    elif shape == "slab":  # nearly a plane
+        p = u(B, n, D)
+        p[..., -1] = 0.5 + 1e-7 * torch.randn(B, n, generator=g, dtype=torch.float64)
+    elif shape == "lidar":  # rings on a ground plane plus walls, ~100 m
+        r = 5 + 95 * u(B, n) ** 2
+        th = 2 * math.pi * u(B, n)
+        p = torch.stack([r * th.cos(), r * th.sin(), -1.7 + 0.05 * torch.randn(B, n, generator=g,
+                                                                               dtype=torch.float64)], -1)[..., :D]
+    else:
+        raise ValueError(shape)
+    return offset + scale * p
+
+
+def poison(p, g, rate=0.03):
+    """NaN / +inf / -inf in a few coordinates."""
+    mask = torch.rand(p.shape, generator=g) < rate
+    vals = torch.tensor([math.nan, math.inf, -math.inf], dtype=p.dtype)[torch.randint(0, 3, p.shape, generator=g)]
+    return torch.where(mask, vals, p)
+
+
+def random_case(seed):
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda xs: xs[torch.randint(0, len(xs), (1,), generator=g).item()]  # noqa: E731
+    chance = lambda p: torch.rand(1, generator=g).item() < p  # noqa: E731
+    D = pick([2, 3])
+    B = pick([1, 1, 2, 4])
+    N = pick([0, 1, 7, 100, 1000, 5000, 20000])
+    M = pick([0, 1, 5, 100, 1000, 5000, 20000])
+    dtype = pick([torch.float32, torch.float32, torch.float64, torch.float16, torch.bfloat16])
+    shape_q = pick(SHAPES)
+    shape_r = shape_q if chance(0.7) else pick(SHAPES)
+    far = chance(0.2) and dtype in (torch.float32, torch.float64)
+    scale = 10.0 ** pick([0, 0, 0, -6, 3]) if dtype in (torch.float32, torch.float64) else 1.0
+    offset = (1e5 if dtype == torch.float32 else 1e9) * pick([1, -1]) if far else 0.0
+    shift = pick([0.0, 0.0, 0.3, -1.5]) * scale
+    q = cloud(shape_q, B, N, D, g, scale, offset + shift)
+    r = q.clone() if chance(0.05) and N > 0 else cloud(shape_r, B, M, D, g, scale, offset)
+    M = r.shape[1]
+    if chance(0.15):
+        q, r = poison(q, g), poison(r, g)
+    l1 = l2 = None
+    if chance(0.3) and B > 0:
+        l1 = torch.randint(0, N + 1, (B,), generator=g)
+        l2 = torch.randint(0, M + 1, (B,), generator=g)
+        if chance(0.2):
+            l2[0] = 0
+    q, r = q.to(dtype), r.to(dtype)
+    if chance(0.2):  # non-contiguous inputs
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+        r = r.transpose(1, 2).contiguous().transpose(1, 2)
+    K = pick([1, 1, 2, 3, 8, 16, 17, 33, 64])
+    Kb = pick([1, 5, 16, 64, 65, 100, 500])
+    radius = scale * 10 ** (torch.rand(1, generator=g).item() * 2.5 - 2)
+    norm = pick([1, 2])
+    desc = (f"seed={seed} D={D} B={B} N={N} M={M} {str(dtype)[6:]} shapes={shape_q}/{shape_r} far={far} "
+            f"scale={scale:g} shift={shift:g} ragged={l1 is not None} K={K} Kb={Kb} radius={radius:.3g} norm={norm}")
+    to = lambda t: None if t is None else t.to(DEV)  # noqa: E731
+    return desc, to(q), to(r), to(l1), to(l2), K, Kb, radius, norm
+
+
+# ---------------------------------------------------------------------------------------------
+# comparison
+
+def same(got, want):
+    """'bits' (identical), 'zero-sign' (equal values, a signed zero differs), or False."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if not got.dtype.is_floating_point:
+        return "bits" if torch.equal(got, want) else False
+    if torch.equal(got.contiguous().view(INT_VIEW[got.dtype]), want.contiguous().view(INT_VIEW[want.dtype])):
+        return "bits"
+    both_nan = got.isnan() & want.isnan()
+    return "zero-sign" if bool(((got == want) | both_nan).all()) else False
+
+
+def check(desc, op, got, want, names):
+    for g_, w_, name in zip(got, want, names):
+        verdict = same(g_, w_)
+        if verdict == "bits":
+            continue
+        if verdict == "zero-sign":
+            print(f"  note: {op} {name}: equal values, a zero's sign differs ({desc})")
+            continue
+        FAILURES.append(f"{op} {name}: {desc}")
+        print(f"MISMATCH {op} {name}: {desc}")
+        if g_.shape == w_.shape:
+            bad = (g_ != w_) & ~(g_.isnan() & w_.isnan()) if g_.dtype.is_floating_point else g_ != w_
+            rows = bad.reshape(-1, bad.shape[-1]).any(-1).nonzero().flatten()[:3].tolist()
+            for row in rows:
+                print(f"   row {row}: grid {g_.reshape(-1, g_.shape[-1])[row][:8].tolist()}")
+                print(f"   {' ' * len(str(row))}     brute {w_.reshape(-1, w_.shape[-1])[row][:8].tolist()}")
+        else:
+            print(f"   shapes {tuple(g_.shape)} vs {tuple(w_.shape)}")
+        return False
+    return True
+
+
+def run_case(desc, q, r, l1, l2, K, Kb, radius, norm):
+    a = ops.nearest_neighbor(q, r, l1, l2, norm=norm, algorithm="grid")
+    b = ops.nearest_neighbor(q, r, l1, l2, norm=norm, algorithm="brute")
+    check(desc, "nearest_neighbor", a, b, ["dist", "idx"])
+    a = ops.chamfer(q, r, l1, l2, norm=norm, algorithm="grid")
+    b = ops.chamfer(q, r, l1, l2, norm=norm, algorithm="brute")
+    check(desc, "chamfer", a, b, ["dist1", "dist2", "idx1", "idx2"])
+    for k in sorted({1, K}):
+        a = ops.knn_points(q, r, l1, l2, K=k, norm=norm, algorithm="grid")
+        b = ops.knn_points(q, r, l1, l2, K=k, norm=norm, algorithm="brute")
+        check(desc + f" [knn K={k}]", "knn_points", a, b, ["dists", "idx"])
+    a = ops.ball_query(q, r, l1, l2, K=Kb, radius=radius, algorithm="grid")
+    b = ops.ball_query(q, r, l1, l2, K=Kb, radius=radius, algorithm="brute")
+    check(desc, "ball_query", a, b, ["dists", "idx"])
+
+
+def fixed_cases():
+    """Named cases the random ones may miss."""
+    g = torch.Generator().manual_seed(7)
+    out = []
+    u = lambda *s: torch.rand(*s, generator=g)  # noqa: E731
+    # all points equal (ties everywhere, one cell); a query far outside the grid
+    p = torch.full((1, 3000, 3), 0.25)
+    out.append(("all equal", p, p.clone(), None, None))
+    out.append(("far queries", u(1, 500, 3) + 50.0, u(1, 4000, 3), None, None))
+    out.append(("offset clouds", u(1, 2000, 3) + torch.tensor([2.0, 0, 0]), u(1, 3000, 3), None, None))
+    # LiDAR coordinates (1e5 m away) with 0.1 m structure
+    base = torch.tensor([1e5, -2e5, 30.0])
+    out.append(("far from origin", base + 0.1 * torch.randn(1, 4000, 3, generator=g),
+                base + 0.1 * torch.randn(1, 5000, 3, generator=g), None, None))
+    # a cloud against itself (distance 0 for every query) and duplicates
+    p = u(2, 3000, 3)
+    p[:, 1000:2000] = p[:, :1000]
+    out.append(("self with duplicates", p, p.clone(), None, None))
+    # empty reference clouds and padded queries
+    out.append(("ragged with empty", u(3, 400, 3), u(3, 600, 3), torch.tensor([400, 0, 17]),
+                torch.tensor([0, 600, 5])))
+    # a single reference point, every query a tie-free match
+    out.append(("one reference", u(1, 1000, 2), u(1, 1, 2), None, None))
+    # NaN / inf everywhere in one cloud
+    p = u(1, 2000, 3)
+    p[0, ::3, 0] = math.nan
+    p[0, 1::3, 1] = math.inf
+    out.append(("non-finite", p, p.flip(1).clone(), None, None))
+    # float16: coarse coordinates, many exact ties
+    out.append(("half lattice", u(2, 3000, 3).half(), u(2, 4000, 3).half(), None, None))
+    out.append(("bf16", u(2, 3000, 3).bfloat16(), u(2, 4000, 3).bfloat16(), None, None))
+    # 2-D clouds
+    out.append(("2d line", torch.stack([u(1, 3000), torch.zeros(1, 3000)], -1),
+                torch.stack([u(1, 3000), torch.zeros(1, 3000)], -1), None, None))
+    return out
+
+
+def run_checks(n_random):
+    print(f"== checks: fixed cases, then {n_random} random ones (grid vs brute, bit for bit)")
+    for name, q, r, l1, l2 in fixed_cases():
+        for K, Kb, radius, norm in [(1, 64, 0.1, 2), (16, 500, 0.05, 1), (64, 7, 1e9, 2)]:
+            desc = f"fixed '{name}' {str(q.dtype)[6:]} {tuple(q.shape)} {tuple(r.shape)} K={K} Kb={Kb} r={radius}"
+            to = lambda t: None if t is None else t.to(DEV)  # noqa: E731
+            run_case(desc, to(q), to(r), to(l1), to(l2), K, Kb, radius, norm)
+    for seed in range(n_random):
+        run_case(*random_case(seed))
+    # a side stream: the launchers must follow the current stream
+    desc, q, r, l1, l2, K, Kb, radius, norm = random_case(12345)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        a = ops.knn_points(q, r, l1, l2, K=K, norm=norm, algorithm="grid")
+    s.synchronize()
+    check(desc + " [side stream]", "knn_points", a, ops.knn_points(q, r, l1, l2, K=K, norm=norm, algorithm="brute"),
+          ["dists", "idx"])
+    torch.cuda.synchronize()
+    print(f"checks: {len(FAILURES)} mismatches")
+
+
+# ---------------------------------------------------------------------------------------------
+# timings
+
+def timed(fn, repeat=10, warmup=2):
+    """Median milliseconds over `repeat` calls (CUDA events)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+ROWS = []
+
+
+def row(name, grid_ms, brute_ms=None, target=None, verified=None):
+    speed = f"{brute_ms / grid_ms:7.1f}x" if brute_ms else "        "
+    status = "" if verified is None else ("bitwise ok" if verified else "MISMATCH")
+    line = (f"{name:54s} grid {grid_ms:9.3f} ms   brute {brute_ms if brute_ms else float('nan'):9.3f} ms {speed}"
+            f"  {'target ' + target if target else ''}  {status}")
+    ROWS.append(line)
+    print(line, flush=True)
+
+
+def verify(a, b):
+    return all(same(x, y) for x, y in zip(a, b))
+
+
+def lidar_scans():
+    root = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "lidar"
+    scans = {}
+    kitti = root / "0000000000.bin"
+    if kitti.exists():
+        import numpy as np
+        scans["KITTI frame"] = torch.from_numpy(np.fromfile(kitti, np.float32).reshape(-1, 4)[:, :3].copy())
+    nus = root / "ff9eff4389a740848f9a56ad749a4ae8.bin"
+    if nus.exists():
+        import numpy as np
+        points = np.fromfile(nus, np.float16).reshape(-1, 5)[:, :3].astype(np.float32)
+        scans["nuScenes sweep"] = torch.from_numpy(points)
+    return scans
+
+
+def rigid_motion(p, angle=0.02, t=(0.3, -0.1, 0.02)):
+    c, s = math.cos(angle), math.sin(angle)
+    R = torch.tensor([[c, -s, 0], [s, c, 0], [0, 0, 1]], dtype=p.dtype, device=p.device)
+    return p @ R.T + torch.tensor(t, dtype=p.dtype, device=p.device)
+
+
+def run_timings():
+    print("== timings (CUDA events, median)", torch.cuda.get_device_name(), "torch", torch.__version__)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    u = lambda *s: torch.rand(*s, generator=g, device=DEV)  # noqa: E731
+
+    x, y = u(1, 1 << 20, 3), u(1, 1 << 20, 3)
+    grid = lambda: ops.chamfer(x, y, algorithm="grid")  # noqa: E731
+    brute = lambda: ops.chamfer(x, y, algorithm="brute")  # noqa: E731
+    row("chamfer 1M x 1M uniform D=3 (both directions)", timed(grid), timed(brute, repeat=2, warmup=1), "<= 20 ms",
+        verify(grid(), brute()))
+    grid = lambda: ops.knn_points(x, y, K=1, algorithm="grid")  # noqa: E731
+    row("knn_points K=1 1M x 1M (one direction, build included)", timed(grid))
+    grid = lambda: ops.knn_points(x, y, K=16, algorithm="grid")  # noqa: E731
+    brute = lambda: ops.knn_points(x, y, K=16, algorithm="brute")  # noqa: E731
+    row("knn_points K=16 1M x 1M", timed(grid), timed(brute, repeat=1, warmup=0), "<= 60 ms", verify(grid(), brute()))
+
+    p1, p2 = u(8, 16384, 3), u(8, 16384, 3)
+    grid = lambda: ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="grid")  # noqa: E731
+    brute = lambda: ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="brute")  # noqa: E731
+    row("ball_query K=64 r=0.1 8 x 16384^2", timed(grid, repeat=50), timed(brute), "<= 0.3 ms", verify(grid(), brute()))
+    grid = lambda: ops.ball_query(p1, p2, K=500, radius=0.2, algorithm="grid")  # noqa: E731
+    brute = lambda: ops.ball_query(p1, p2, K=500, radius=0.2, algorithm="brute")  # noqa: E731
+    row("ball_query K=500 r=0.2 8 x 16384^2 (passes of 64)", timed(grid), timed(brute), None, verify(grid(), brute()))
+    p1, p2 = u(8, 8192, 3), u(8, 8192, 3)
+    for K in (8, 16, 32, 64):
+        grid = lambda: ops.knn_points(p1, p2, K=K, algorithm="grid")  # noqa: E731
+        brute = lambda: ops.knn_points(p1, p2, K=K, algorithm="brute")  # noqa: E731
+        row(f"knn_points K={K} 8 x 8192^2", timed(grid), timed(brute), None, verify(grid(), brute()))
+
+    for name, scan in lidar_scans().items():
+        a = scan[None].to(DEV)
+        b = rigid_motion(a)
+        grid = lambda: ops.chamfer(a, b, algorithm="grid")  # noqa: E731
+        brute = lambda: ops.chamfer(a, b, algorithm="brute")  # noqa: E731
+        row(f"chamfer {name} ({a.shape[1]} pts) vs moved copy", timed(grid), timed(brute, repeat=3), ">= 10x brute",
+            verify(grid(), brute()))
+
+    # adversarial: all points in a few tight clusters far apart (a few cells hold everything)
+    centers = torch.tensor([[0.0, 0, 0], [100, 0, 0], [0, 100, 0], [0, 0, 100]], device=DEV)
+    pick = torch.randint(0, 4, (1, 1 << 18), generator=g, device=DEV)
+    xa = centers[pick] + 1e-3 * torch.randn(1, 1 << 18, 3, generator=g, device=DEV)
+    ya = centers[torch.randint(0, 4, (1, 1 << 18), generator=g, device=DEV)] + 1e-3 * torch.randn(
+        1, 1 << 18, 3, generator=g, device=DEV)
+    grid = lambda: ops.chamfer(xa, ya, algorithm="grid")  # noqa: E731
+    brute = lambda: ops.chamfer(xa, ya, algorithm="brute")  # noqa: E731
+    row("adversarial: 256k x 256k in 4 tight clusters", timed(grid, repeat=3), timed(brute, repeat=3), "<= 1.3x brute",
+        verify(grid(), brute()))
+    xd = torch.full((1, 1 << 17, 3), 0.5, device=DEV)
+    grid = lambda: ops.chamfer(xd, xd, algorithm="grid")  # noqa: E731
+    brute = lambda: ops.chamfer(xd, xd, algorithm="brute")  # noqa: E731
+    row("adversarial: 128k x 128k all equal", timed(grid, repeat=3), timed(brute, repeat=3), None,
+        verify(grid(), brute()))
+    print("\n".join(["", "summary:"] + ROWS))
+
+
+def run_crossover():
+    print("== crossover: nearest_neighbor one direction, uniform D=3 float (auto would take the grid where pays=1)")
+    g = torch.Generator(device=DEV).manual_seed(1)
+    for B in (1, 8):
+        for n in (2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144):
+            if B * n > (1 << 21):
+                continue
+            x, y = torch.rand(B, n, 3, generator=g, device=DEV), torch.rand(B, n, 3, generator=g, device=DEV)
+            tg = timed(lambda: ops.nearest_neighbor(x, y, algorithm="grid"))
+            tb = timed(lambda: ops.nearest_neighbor(x, y, algorithm="brute"), repeat=5)
+            ta = timed(lambda: ops.nearest_neighbor(x, y, algorithm="auto"), repeat=5)
+            print(f"B={B} N=M={n:7d}: grid {tg:8.3f} ms  brute {tb:8.3f} ms  auto {ta:8.3f} ms  "
+                  f"({'grid' if tg < tb else 'brute'} wins)", flush=True)
+
+
+def run_sweep():
+    print("== POINTOPS_GRID_POINTS_PER_CELL sweep (knn_points, 1M x 1M uniform D=3)")
+    g = torch.Generator(device=DEV).manual_seed(2)
+    x, y = torch.rand(1, 1 << 20, 3, generator=g, device=DEV), torch.rand(1, 1 << 20, 3, generator=g, device=DEV)
+    for K in (1, 16):
+        for rho in (0.5, 1, 2, 3, 4, 8, 16, 32):
+            os.environ["POINTOPS_GRID_POINTS_PER_CELL"] = str(rho)
+            t = timed(lambda: ops.knn_points(x, y, K=K, algorithm="grid"), repeat=5)
+            print(f"K={K:2d} points per cell {rho:5g}: {t:8.3f} ms", flush=True)
+    os.environ.pop("POINTOPS_GRID_POINTS_PER_CELL", None)
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if what in ("all", "check"):
+        run_checks(int(sys.argv[2]) if what == "check" and len(sys.argv) > 2 else 300)
+    if what in ("all", "time"):
+        run_timings()
+    if what == "crossover":
+        run_crossover()
+    if what == "sweep":
+        run_sweep()
+    sys.exit(1 if FAILURES else 0)

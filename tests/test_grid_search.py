@@ -1,0 +1,298 @@
+"""The spatial-grid search (algorithm="grid", issue 18) against brute force (algorithm="brute"):
+bit for bit, distances (NaN positions included) and indices, for every op that takes `algorithm`,
+on inputs chosen to break a grid: clustered and duplicate points, degenerate boxes (a point, a
+line, a plane), far-from-origin and tiny coordinates, non-finite points, disjoint clouds, queries
+in empty space, ragged and empty batches, every dtype, D = 2 and 3, both norms."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pointops
+from conftest import DeterministicAlgorithms, DEVICES, data_dir
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
+         torch.float64: torch.int64}
+
+
+def assert_same(got, want):
+    """Bitwise equality of two results (tuples of tensors): the float ones compared exactly with
+    NaN == NaN, and as raw bits (so -0.0 vs 0.0 or another NaN would fail too); the rest equal."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        if g.dtype.is_floating_point:
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(g.view(_BITS[g.dtype]), w.view(_BITS[w.dtype]))
+        else:
+            assert torch.equal(g, w)
+
+
+# ---------------------------------------------------------------- inputs
+KINDS = ["uniform", "clustered", "point", "line", "plane", "far", "tiny", "nonfinite", "disjoint", "hollow",
+         "overflow"]
+
+
+def cloud(kind, B, n, D, dtype, g):
+    """(B, n, D) points of one kind, built in float64 and rounded once to dtype."""
+    u = torch.rand(B, n, D, generator=g, dtype=torch.float64)
+    if kind == "uniform":
+        p = u
+    elif kind == "clustered":  # most points within 1e-4 of one spot, many exact duplicates, a few spread
+        p = 0.3 + 1e-4 * u
+        p[:, : n // 3] = p[:, :1]
+        spread = torch.rand(B, n, generator=g) < 0.1
+        p[spread] = u[spread]
+    elif kind == "point":  # every point equal
+        p = torch.full_like(u, 0.25)
+    elif kind == "line":
+        p = torch.zeros_like(u)
+        p[..., 0] = u[..., 0]
+        p[..., 1:] = 0.5
+    elif kind == "plane":
+        p = u.clone()
+        p[..., -1] = -2.0
+    elif kind == "far":  # LiDAR-like: ~1e5 with 1e-2 structure (float32 steps of ~8e-3 there: many ties)
+        p = 1e5 + 1e-2 * torch.round(u * 100)
+    elif kind == "tiny":  # 1e-30: squared differences underflow, every distance ties at 0
+        p = 1e-30 * u
+    elif kind == "nonfinite":
+        p = u.clone()
+        bad = torch.rand(B, n, generator=g)
+        p[bad < 0.1, 0] = math.nan
+        p[(bad >= 0.1) & (bad < 0.15), -1] = math.inf
+        p[(bad >= 0.15) & (bad < 0.2), 0] = -math.inf
+    elif kind == "disjoint":  # placed by the caller: x near 0, y 10 away
+        p = u
+    elif kind == "hollow":  # a sphere's surface
+        v = torch.randn(B, n, D, generator=g, dtype=torch.float64)
+        p = 0.5 + 0.5 * v / v.norm(dim=-1, keepdim=True)
+    elif kind == "overflow":  # squared distances overflow to +inf: never neighbours
+        scale = 1e200 if dtype == torch.float64 else (1e25 if dtype != torch.float16 else 1e4)
+        p = scale * (u - 0.5)
+    else:
+        raise ValueError(kind)
+    return p.to(dtype)
+
+
+def pair(kind, B=2, N=150, M=170, D=3, dtype=torch.float32, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = cloud(kind, B, N, D, dtype, g)
+    y = cloud(kind, B, M, D, dtype, g)
+    if kind == "disjoint":
+        y = y + 10
+    if kind == "hollow":  # queries inside the empty ball, the references on its surface
+        x = (0.5 + 0.2 * (x.double() - 0.5)).to(dtype)
+    return x.to(device), y.to(device)
+
+
+def ragged(B, N, M, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    xl = torch.randint(0, N + 1, (B,), generator=g)
+    yl = torch.randint(0, M + 1, (B,), generator=g)
+    xl[0], yl[-1] = 0, 0  # an empty query cloud and an empty reference cloud
+    return xl.to(device), yl.to(device)
+
+
+def both(fn):
+    """fn(algorithm) for the grid and for brute force, compared bitwise."""
+    assert_same(fn("grid"), fn("brute"))
+
+
+# ---------------------------------------------------------------- nearest_neighbor / chamfer
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_chamfer_grid_equals_brute(kind, dtype, device):
+    for D in (2, 3):
+        x, y = pair(kind, D=D, dtype=dtype, seed=D, device=device)
+        for norm in (1, 2):
+            both(lambda a: pointops.chamfer(x, y, norm=norm, algorithm=a))
+            both(lambda a: pointops.nearest_neighbor(y, x, norm=norm, algorithm=a))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["uniform", "clustered", "nonfinite", "point"])
+def test_ragged_and_empty(kind, device):
+    x, y = pair(kind, B=5, N=90, M=110, seed=3, device=device)
+    xl, yl = ragged(5, 90, 110, seed=4, device=device)
+    both(lambda a: pointops.chamfer(x, y, xl, yl, algorithm=a))
+    both(lambda a: pointops.knn_points(x, y, xl, yl, K=4, algorithm=a)[:2])
+    both(lambda a: pointops.knn_points(x, y, xl, yl, K=1, algorithm=a)[:2])
+    both(lambda a: pointops.ball_query(x, y, xl, yl, K=6, radius=0.2, algorithm=a)[:2])
+    for shapes in [(0, 5, 7), (2, 0, 7), (2, 5, 0), (2, 0, 0)]:  # B = 0, N = 0, M = 0
+        B, N, M = shapes
+        a_, b_ = torch.rand(B, N, 3, device=device), torch.rand(B, M, 3, device=device)
+        both(lambda a: pointops.chamfer(a_, b_, algorithm=a))
+        both(lambda a: pointops.knn_points(a_, b_, K=3, algorithm=a)[:2])
+        both(lambda a: pointops.ball_query(a_, b_, K=3, radius=0.5, algorithm=a)[:2])
+
+
+def test_chamfer_function_and_packed_faces():
+    x, y = pair("uniform", B=1, N=60, M=50, seed=5)
+    assert_same(pointops.ChamferFunction.apply(x[0:1], y[0:1], "grid"), pointops.chamfer(x, y, algorithm="brute"))
+    points_x, points_y = pair("clustered", B=1, N=120, M=90, seed=6)
+    batch_x, batch_y = torch.arange(120) // 50, torch.arange(90) // 40  # three clouds of each
+    both(lambda a: (pointops.knn(points_x[0], points_y[0], 4, batch_x, batch_y, algorithm=a),))
+    both(lambda a: (pointops.radius(points_x[0], points_y[0], 0.2, batch_x, batch_y, algorithm=a),))
+
+
+# ---------------------------------------------------------------- knn_points / ball_query
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", KINDS)
+def test_knn_points_grid_equals_brute(kind, dtype, device):
+    for D in (2, 3):
+        p1, p2 = pair(kind, N=80, M=60, D=D, dtype=dtype, seed=10 + D, device=device)
+        for K in (1, 2, 5, 16, 75):  # 75 > M: the extra slots stay empty
+            for norm in (1, 2):
+                both(lambda a: pointops.knn_points(p1, p2, K=K, norm=norm, algorithm=a)[:2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", KINDS)
+def test_ball_query_grid_equals_brute(kind, dtype, device):
+    for D in (2, 3):
+        p1, p2 = pair(kind, N=80, M=200, D=D, dtype=dtype, seed=20 + D, device=device)
+        extent = 1e-30 if kind == "tiny" else 1.0
+        for radius in (0.01, 0.1, 0.3, 2.0, 1e30):
+            for K in (1, 4, 50):
+                both(lambda a: pointops.ball_query(p1, p2, K=K, radius=radius * extent, algorithm=a)[:2])
+
+
+# ---------------------------------------------------------------- chamfer_distance (the loss)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["uniform", "clustered", "far", "plane", "point"])
+def test_chamfer_distance_and_gradients(kind, dtype, device):
+    x0, y0 = pair(kind, B=3, N=70, M=90, D=3, dtype=dtype, seed=30, device=device)
+    xl, yl = ragged(3, 70, 90, seed=31, device=device)
+    xl[0] = 50  # keep one direction of every cloud non-trivial
+    weights = torch.tensor([1.0, 0.5, 2.0], device=device, dtype=dtype)
+    options = [dict(), dict(point_reduction="sum", norm=1), dict(single_directional=True),
+               dict(squared=False), dict(point_reduction="max"), dict(batch_reduction=None, weights=weights),
+               dict(x_lengths=xl, y_lengths=yl)]
+    for kwargs in options:
+        def run(algorithm):
+            x, y = x0.clone().requires_grad_(), y0.clone().requires_grad_()
+            loss, _ = pointops.chamfer_distance(x, y, algorithm=algorithm, **kwargs)
+            loss.sum().backward()
+            return loss.detach(), x.grad, y.grad
+        # CUDA's default backward scatters with float atomics (not repeatable bit for bit even on
+        # one path); deterministic algorithms take the sort-based gather, whose gradients depend
+        # only on the indices and so must match bit for bit.
+        with DeterministicAlgorithms(device == "cuda"):
+            both(run)
+    criterion = {a: pointops.ChamferLoss(point_reduction="sum", algorithm=a) for a in ("grid", "brute")}
+    both(lambda a: (criterion[a](x0, y0)[0],))
+    assert "algorithm='grid'" in repr(criterion["grid"])
+
+
+# ---------------------------------------------------------------- randomized
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), B=st.integers(1, 3), N=st.integers(0, 40), M=st.integers(0, 40),
+       D=st.sampled_from([2, 3]), K=st.integers(1, 8), norm=st.sampled_from([1, 2]),
+       dtype=st.sampled_from([torch.float16, torch.float32, torch.float64]), levels=st.sampled_from([2, 5, 1000]),
+       scale=st.sampled_from([1e-20, 1.0, 1e4]), nan_rate=st.sampled_from([0.0, 0.2]),
+       radius=st.floats(1e-3, 3.0), with_lengths=st.booleans())
+def test_random_bitwise(seed, B, N, M, D, K, norm, dtype, levels, scale, nan_rate, radius, with_lengths):
+    g = torch.Generator().manual_seed(seed)
+
+    def points(n):  # few levels: duplicates and exact ties
+        p = torch.randint(0, levels, (B, n, D), generator=g).double() / levels * scale + scale
+        p[torch.rand(B, n, D, generator=g) < nan_rate / D] = math.nan
+        return p.to(dtype)
+
+    p1, p2 = points(N), points(M)
+    l1 = torch.randint(0, N + 1, (B,), generator=g) if with_lengths else None
+    l2 = torch.randint(0, M + 1, (B,), generator=g) if with_lengths else None
+    both(lambda a: pointops.knn_points(p1, p2, l1, l2, K=K, norm=norm, algorithm=a)[:2])
+    both(lambda a: pointops.chamfer(p1, p2, l1, l2, norm=norm, algorithm=a))
+    both(lambda a: pointops.ball_query(p1, p2, l1, l2, K=K, radius=radius * scale, algorithm=a)[:2])
+
+
+# ---------------------------------------------------------------- auto, errors, op checks
+def test_auto_equals_brute_above_the_threshold():
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.rand(1, 3000, 3, generator=g), torch.rand(1, 5000, 3, generator=g)
+    assert_same(pointops.chamfer(x, y), pointops.chamfer(x, y, algorithm="brute"))
+    assert_same(pointops.knn_points(x, y, K=4)[:2], pointops.knn_points(x, y, K=4, algorithm="brute")[:2])
+    x4, y4 = torch.rand(1, 3000, 4, generator=g), torch.rand(1, 3000, 4, generator=g)  # D = 4: auto is brute force
+    assert_same(pointops.chamfer(x4, y4), pointops.chamfer(x4, y4, algorithm="brute"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grid_refuses_other_dimensions_and_unknown_names(device):
+    for D in (1, 4):
+        x = torch.rand(1, 5, D, device=device)
+        calls = [lambda a: pointops.nearest_neighbor(x, x, algorithm=a), lambda a: pointops.chamfer(x, x, algorithm=a),
+                 lambda a: pointops.knn_points(x, x, K=2, algorithm=a)[:2],
+                 lambda a: pointops.ball_query(x, x, K=2, algorithm=a)[:2],
+                 lambda a: pointops.chamfer_distance(x, x, algorithm=a)[:1],
+                 lambda a: pointops.chamfer_distance(x, x, point_reduction="max", algorithm=a)[:1]]
+        for call in calls:
+            with pytest.raises(RuntimeError, match=rf"algorithm='grid' needs points of dimension 2 or 3, got D = {D}"):
+                call("grid")
+            assert_same(call("auto"), call("brute"))  # "auto" never picks the grid there
+    x = torch.rand(1, 5, 3, device=device)
+    for call in [lambda: pointops.chamfer(x, x, algorithm="kdtree"),
+                 lambda: pointops.knn_points(x, x, algorithm="Grid"), lambda: pointops.ball_query(x, x, algorithm=""),
+                 lambda: pointops.chamfer_distance(x, x, algorithm="x")]:
+        with pytest.raises(RuntimeError, match=r"algorithm must be 'auto', 'brute' or 'grid', got '"):
+            call()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_with_grid(device):
+    g = torch.Generator().manual_seed(9)
+    a0, b0 = torch.rand(2, 17, 3, generator=g).to(device), torch.rand(2, 13, 3, generator=g).to(device)
+    lengths = (torch.tensor([17, 5], device=device), torch.tensor([0, 13], device=device))
+    ops = torch.ops.pointops
+    for requires_grad in (False, True):
+        a, b = a0.clone().requires_grad_(requires_grad), b0.clone().requires_grad_(requires_grad)
+        torch.library.opcheck(ops.nearest_neighbor.default, (a, b, *lengths, 2, "grid"))
+        torch.library.opcheck(ops.chamfer.default, (a, b, None, None, 1, "grid"))
+        torch.library.opcheck(ops.knn_points.default, (a, b, *lengths, 4, 2, "grid"))
+        torch.library.opcheck(ops.ball_query.default, (a, b, None, None, 5, 0.4, "grid"))
+        torch.library.opcheck(ops._chamfer_distance.default,
+                              (a, b, None, None, None, "mean", "mean", 2, False, True, "grid"))
+
+
+def test_compile_with_grid():
+    x, y = torch.rand(2, 40, 3), torch.rand(2, 30, 3)
+    fn = torch.compile(lambda a, b: pointops.chamfer(a, b, algorithm="grid"), fullgraph=True, backend="eager")
+    assert_same(fn(x, y), pointops.chamfer(x, y, algorithm="brute"))
+
+
+# ---------------------------------------------------------------- real LiDAR
+def load_scan(name):
+    import numpy as np
+    root = data_dir()
+    path = None if root is None else root / "lidar" / name
+    if path is None or not path.exists():
+        pytest.skip(f"../shared/data/lidar/{name} is not present")
+    if name.startswith("ff9e"):  # nuScenes: float16 x 5 (x, y, z, intensity, time lag)
+        return torch.from_numpy(np.fromfile(path, np.float16).reshape(-1, 5)[:, :3].astype(np.float32))
+    return torch.from_numpy(np.fromfile(path, np.float32).reshape(-1, 4)[:, :3].copy())  # KITTI: float32 x 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["0000000000.bin", "ff9eff4389a740848f9a56ad749a4ae8.bin"])
+def test_lidar_scan_grid_equals_brute(name, device):
+    scan = load_scan(name)
+    stride = 1 if device == "cuda" else max(1, scan.shape[0] // 6000)  # CPU brute force: ~6k points
+    y = scan[::stride].contiguous()
+    angle = math.radians(1.0)  # the scan against itself after a small rigid motion
+    rotation = torch.tensor([[math.cos(angle), -math.sin(angle), 0.0], [math.sin(angle), math.cos(angle), 0.0],
+                             [0.0, 0.0, 1.0]])
+    x = (scan[1::stride] @ rotation.T + torch.tensor([0.3, -0.1, 0.02])).contiguous()
+    x, y = x[None].to(device), y[None].to(device)
+    both(lambda a: pointops.chamfer(x, y, algorithm=a))
+    both(lambda a: pointops.knn_points(x, y, K=8, algorithm=a)[:2])
+    both(lambda a: pointops.ball_query(x, y, K=16, radius=0.5, algorithm=a)[:2])
+    xh, yh = x.half(), y.half()  # the nuScenes coordinates are float16 to begin with
+    both(lambda a: pointops.chamfer(xh, yh, algorithm=a))
