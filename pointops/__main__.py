@@ -28,8 +28,9 @@ def describe_build(info: dict) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pointops", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="fit a cloud by Chamfer descent, voxelize a generated LiDAR scan, and "
-                          "evaluate Gaussian particle sums on three planes (timed against torch)")
+    demo = sub.add_parser("demo", help="fit a cloud by Chamfer descent, time a large exact Chamfer (spatial grid "
+                          "against brute force), voxelize a generated LiDAR scan, and evaluate Gaussian "
+                          "particle sums on three planes (timed against torch)")
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     demo.add_argument("--steps", type=int, default=200, help="Adam steps of the Chamfer fit")
     demo.add_argument("--points", type=int, default=8192, help="points per cloud in the Chamfer fit")
