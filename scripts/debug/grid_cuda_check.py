@@ -13,13 +13,15 @@ by scripts/debug/grid_host_check.sh (same header, same functions).
 """
 import math
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 import pointops  # noqa: F401  (registers torch.ops.pointops)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from common import time_ms  # noqa: E402  (benchmarks/common.py)
 
 ops = torch.ops.pointops
 DEV = "cuda"
@@ -229,18 +231,8 @@ def run_checks(n_random):
 # timings
 
 def timed(fn, repeat=10, warmup=2):
-    """Median milliseconds over `repeat` calls (CUDA events)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median milliseconds over `repeat` calls: the benchmarks' CUDA-event timer."""
+    return time_ms(fn, warmup, repeat, cuda=True)
 
 
 ROWS = []
