@@ -192,6 +192,22 @@ def test_chamfer_distance_and_gradients(kind, dtype, device):
     assert "algorithm='grid'" in repr(criterion["grid"])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_inputs(device):
+    # Strided views (every other point of a transposed (B, D, N) buffer): the grid on the views
+    # gives what brute force gives on contiguous copies, bit for bit.
+    g = torch.Generator().manual_seed(40)
+    x = torch.rand(2, 3, 120, generator=g).to(device).transpose(1, 2)[:, ::2]
+    y = torch.rand(2, 3, 150, generator=g).to(device).transpose(1, 2)[:, 1::2]
+    assert not x.is_contiguous() and not y.is_contiguous()
+    xc, yc = x.contiguous(), y.contiguous()
+    assert_same(pointops.chamfer(x, y, algorithm="grid"), pointops.chamfer(xc, yc, algorithm="brute"))
+    assert_same(pointops.knn_points(x, y, K=5, algorithm="grid")[:2],
+                pointops.knn_points(xc, yc, K=5, algorithm="brute")[:2])
+    assert_same(pointops.ball_query(x, y, K=8, radius=0.3, algorithm="grid")[:2],
+                pointops.ball_query(xc, yc, K=8, radius=0.3, algorithm="brute")[:2])
+
+
 # ---------------------------------------------------------------- randomized
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), B=st.integers(1, 3), N=st.integers(0, 40), M=st.integers(0, 40),
