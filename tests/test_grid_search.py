@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pointops
-from conftest import DeterministicAlgorithms, DEVICES, data_dir
+from conftest import DeterministicAlgorithms, DEVICES, data_dir, requires_cuda
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 _BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
@@ -160,8 +160,48 @@ def test_ball_query_grid_equals_brute(kind, dtype, device):
         p1, p2 = pair(kind, N=80, M=200, D=D, dtype=dtype, seed=20 + D, device=device)
         extent = 1e-30 if kind == "tiny" else 1.0
         for radius in (0.01, 0.1, 0.3, 2.0, 1e30):
-            for K in (1, 4, 50):
+            for K in (1, 4, 50, 100, 150):  # CUDA: a warp per query up to 128 (buffers of 64..160), passes above
                 both(lambda a: pointops.ball_query(p1, p2, K=K, radius=radius * extent, algorithm=a)[:2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ball_query_grid_crowded_balls(device):
+    """Balls holding more points than K and than the CUDA warp's buffer (64..160 slots) while the
+    cells within the radius hold C candidates with C^2 <= 5 K M: the CUDA grid path cuts its buffer
+    to the K smallest indices several times per query; the smaller K here take the warp's index-order
+    scan instead (grid_ball_warp_cuda.cuh). The CPU grid keeps its own list."""
+    g = torch.Generator().manual_seed(31)
+    p1 = torch.rand(1, 300, 3, generator=g).to(device)
+    p2 = torch.rand(1, 4000, 3, generator=g).to(device)  # radius 0.2: ~130 inside, C ~860
+    for K in (1, 8, 40, 64, 100, 128, 129):
+        both(lambda a: pointops.ball_query(p1, p2, K=K, radius=0.2, algorithm=a)[:2])
+    p2 = torch.rand(1, 40000, 3, generator=g).to(device)  # radius 0.1: ~170 inside, C ~820
+    for K in (1, 8, 16, 32):
+        both(lambda a: pointops.ball_query(p1, p2, K=K, radius=0.1, algorithm=a)[:2])
+
+
+@requires_cuda
+@pytest.mark.parametrize("target", ["8", "96", "1000"])
+def test_crowding_refinement_cuda(target, monkeypatch):
+    """The CUDA grid's crowding refinement (POINTOPS_GRID_CROWDING; off by default until measured)
+    changes only the cell size, so the grid still equals brute force bit for bit: clouds that crowd
+    (a LiDAR-like ground plane with rings, clusters with duplicates) and one that does not, K = 1 and
+    K = 8 (which the variable turns on too), ragged."""
+    monkeypatch.setenv("POINTOPS_GRID_CROWDING", target)
+    g = torch.Generator().manual_seed(41)
+    rings = torch.rand(2, 6000, 3, generator=g, dtype=torch.float64)
+    radius = 2.0 + 60.0 * rings[..., 0] ** 2  # dense near the sensor, sparse far away
+    angle = 2 * math.pi * rings[..., 1]
+    scan = torch.stack([radius * torch.cos(angle), radius * torch.sin(angle), 0.05 * rings[..., 2]], -1).float()
+    moved = scan + torch.tensor([0.3, -0.1, 0.02])
+    clustered = pair("clustered", B=2, N=3000, M=4000)
+    uniform = pair("uniform", B=2, N=3000, M=4000)
+    lengths = torch.tensor([6000, 2500]).cuda(), torch.tensor([1000, 6000]).cuda()
+    for x, y, l1, l2 in [(moved, scan, None, None), (moved, scan, *lengths), (*clustered, None, None),
+                         (*uniform, None, None)]:
+        x, y = x.cuda(), y.cuda()
+        both(lambda a: pointops.chamfer(x, y, l1, l2, algorithm=a))
+        both(lambda a: pointops.knn_points(x, y, l1, l2, K=8, algorithm=a)[:2])
 
 
 # ---------------------------------------------------------------- chamfer_distance (the loss)

@@ -98,6 +98,7 @@ struct BuildConfig {
   double points_per_cell;  // the density rule's target points per cell (> 0)
   double min_cell;         // a lower bound on the cell size (ball query: the radius), >= 0 (+inf: one cell)
   int log2_cells;          // key space of one cloud: 2^log2_cells cells (bricks padded)
+  double h_scale = 1.0;    // the density rule's cell size times this (the crowding refinement: < 1)
 };
 
 // One reference in sorted order: coordinates and original index in one (D = 3 float: 16-byte) load.
@@ -168,7 +169,8 @@ POINTOPS_GRID_HD uint64_t point_sort_key(const acc_t* p, int64_t b, int64_t i, i
 // Builds the parameters of one cloud from the bounds of its `count` finite valid references.
 // Cell size: h = (V rho / count)^(1 / d) over the axes of nonzero extent, where an axis thinner
 // than h counts as flat (one cell) and h is recomputed without it (a cloud on a plane or a line
-// gets 2-D or 1-D cells, not millions of empty slices); then h >= min_cell; per axis at most
+// gets 2-D or 1-D cells, not millions of empty slices); then h is scaled by h_scale and kept
+// >= min_cell; per axis at most
 // kMaxCellsPerAxis cells; and h grows until the padded cell count fits the key space.
 template <int D>
 POINTOPS_GRID_HD GridParams make_grid_params(const double* lo, const double* hi, int64_t count,
@@ -217,7 +219,7 @@ POINTOPS_GRID_HD GridParams make_grid_params(const double* lo, const double* hi,
     }
     if (!removed) break;
   }
-  h = ::fmax(h, cfg.min_cell);
+  h = ::fmax(h * cfg.h_scale, cfg.min_cell);
   if (!(h > 0) || !grid_isfinite(h)) return g;  // one point (or all equal), or an infinite radius: one cell
 
   const double key_space = ::ldexp(1.0, cfg.log2_cells);
@@ -379,6 +381,7 @@ POINTOPS_GRID_HD void insert_by_index(int32_t (&idx)[KP], acc_t (&dist)[KP], int
 template <typename acc_t, int D>
 struct SearchArgs {
   const acc_t* queries;        // (B, N, D) contiguous
+  const acc_t* refs;           // (B, M, D) contiguous, in index order (the warp ball query's fallback scan)
   const int64_t* lengths1;     // (B,) or nullptr
   const int64_t* lengths2;
   int64_t B, N, M, K;

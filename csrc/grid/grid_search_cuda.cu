@@ -17,8 +17,8 @@
 //            into one contiguous (B*M) array, and at each run start the cell's key -> [start, end)
 //            inserted into an open-addressing hash table (fmix64, atomicCAS, bounded linear probing,
 //            capacity a power of two >= 2 B M: never more than half full)
-// Search: one thread per query, queries in sorted (cell) order, so that a warp's queries visit the
-// same cells (divergence, L1 hits).
+// Search: one thread (ball query: one warp) per query, queries in sorted (cell) order, so that
+// neighbouring queries visit the same cells (divergence, L1 hits).
 //   knn      visit the query's cell (clamped into the grid), then Chebyshev rings r = 1, 2, ...;
 //            keep the K best (distance, index) in registers (K = 1 alone; else lists of 8..64,
 //            knn_cuda_lists.cuh's insertion). Once the K-th best is known, the cells that can still
@@ -27,10 +27,15 @@
 //            cover it (or the grid). A cell is skipped when its box is provably farther; a run is
 //            left early once the K-th best is 0 (the rest can only tie with larger indices).
 //            K > 64: passes of 64, each taking the best candidates after the last one written.
-//   ball     the cells within the radius (reach_box of the radius); keep the K smallest indices
-//            with d < r2 in a register list ordered by index. A cell's run is in index order, so
-//            a run is left as soon as its index passes the list's last. K > 64: passes of 64 (each
-//            pass takes the next 64 indices above the last one written).
+//   ball     K <= 128: one warp per query (grid_ball_warp_cuda.cuh): the lanes look up the cells
+//            within the radius together, stride over their runs, append the points inside to a
+//            per-warp buffer and keep the K smallest indices; a query whose cells hold more than a
+//            quarter of the cloud scans it in index order instead (brute force's early exit).
+//            K > 128: one thread per query, the K smallest indices with d < r2 in a register list
+//            ordered by index, passes of 64 (each takes the next 64 indices above the last one
+//            written); a run is left as soon as its index passes the list's last.
+//   crowding (knn, off by default) before the keys: the cell size shrinks for clouds whose points
+//            crowd into few cells (grid_crowding_count_kernel).
 //
 // Why a cell can be skipped without changing any result: grid_cuda.cuh.
 //
@@ -38,7 +43,9 @@
 // values, double-buffered) + sizeof(GridPoint) x B M (16 for float D = 2, 3; 32 for double) + the
 // sort's temporary storage + small per-cloud arrays. 1M x 1M float D = 3: ~100 MB.
 //
-// Debugging: POINTOPS_GRID_POINTS_PER_CELL overrides the cell-size rule's points per cell (knn);
+// Debugging: POINTOPS_GRID_POINTS_PER_CELL overrides the cell-size rule's points per cell (knn),
+// POINTOPS_GRID_BALL_CELL the ball query's smallest cell edge in radii, POINTOPS_GRID_CROWDING the
+// crowding refinement's target (0: off);
 // scripts/debug/grid_cuda_check.py compares algorithm="grid" with "brute" bit for bit and times it.
 // scripts/debug/grid_host_check.cu runs grid_cuda.cuh's functions on the CPU against brute force.
 #include <ATen/ATen.h>
@@ -54,6 +61,7 @@
 #include "chamfer/chamfer.h"
 #include "common/cuda_utils.cuh"
 #include "grid/grid.h"
+#include "grid/grid_ball_warp_cuda.cuh"
 #include "grid/grid_cuda.cuh"
 #include "neighbors/neighbors.h"
 #include "voxelize/voxelize.h"
@@ -172,6 +180,134 @@ grid_bounds_kernel(const acc_t* __restrict__ refs, const int64_t* __restrict__ l
     cloud_hi[a] = order_decode(~atomicAdd(bounds + D + a, 0ull));
   }
   grids[b] = make_grid_params<D>(cloud_lo, cloud_hi, count, cfg);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The crowding refinement (knn)
+//
+// The density rule sizes cells by the bounding box: right for a volume-filling cloud, far too large
+// for a LiDAR scan, whose points lie on surfaces and crowd near the sensor (KITTI: the mean run a
+// point sits in is ~540 points at the rule's 1.25 m, against ~3 for a uniform cloud; nearly every
+// distance a query computes is wasted). So, before the keys are made, a sample of each cloud's
+// references (every stride-th in index order, <= kCrowdingSamples over all clouds) is counted into
+// the cells of kCrowdingLevels finer sizes h0 2^(-l/2) (one hash table of (cloud, level, cell) ->
+// count), and each cloud takes the largest size whose crowding -- the mean over points of the
+// number of references in the point's cell, estimated from the sample -- is at most
+// crowding_target. A uniform cloud keeps h0 (its crowding is ~points_per_cell + 1). Only the cell
+// size changes: the search is exact for any grid.
+//
+// Crowding estimate: with a fraction f of the points sampled, E[sum_c n_s,c^2] = f^2 sum_c n_c^2 +
+// f (1 - f) sum_c n_c, hence crowding = sum_c n_c^2 / n ~ (S2 - (1 - f) S1) / (f S1), S1 the
+// sampled points, S2 the sum of their cells' squared sample counts.
+constexpr int kCrowdingLevels = 6;           // cell sizes h0, h0 / sqrt(2), ..., h0 / 2^2.5 (0.18 h0)
+constexpr int64_t kCrowdingSamples = 32768;  // sampled references, all clouds together
+constexpr int64_t kCrowdingMinSamples = 256; // per cloud, at least
+// In units of points_per_cell (POINTOPS_GRID_CROWDING). 0: off by default. A first version of this
+// pass (per-sample atomics, 8 extra key bits, every K) was measured on the H100: KITTI 3.0x -> 5.7x
+// brute force at 48, nuScenes 4.1x -> 14.2x at 96, but 0.2-0.4 ms more per build on uniform clouds
+// and slower K = 16 on the scans (benchmarks/RESULTS.md). This version (warp-aggregated sums, 4
+// extra key bits, K = 1 only) has not run on a GPU yet; it stays off until it has been measured and
+// its test (test_grid_search.py::test_crowding_refinement_cuda) has passed there.
+constexpr double kCrowdingTarget = 0.0;
+constexpr int kCrowdingKeyBits = 4;          // extra key bits: up to 16x the cells (finer levels are capped)
+
+struct alignas(16) CrowdSlot {
+  unsigned long long key;  // kEmptyKey: free
+  uint32_t count;          // count - 1 (cleared to all-ones)
+  uint32_t pad;
+};
+
+// Cleared to all-ones with the rest of the scratch: table keys empty, counters holding "value - 1".
+struct CrowdingScratch {
+  CrowdSlot* table;
+  uint64_t mask;
+  unsigned long long* sums;     // (B, kCrowdingLevels): S2 - 1
+  unsigned long long* sampled;  // (B,): S1 - 1
+  int64_t per_cloud;            // samples per cloud, at most; a multiple of 32
+};
+
+// Each sampled reference adds 1 to its cell's count at every level; S2 grows by (c + 1)^2 - c^2 =
+// 2 c + 1 when a cell's count goes from c to c + 1, so the sums need no second pass over the table.
+// per_cloud is a multiple of 32, so a warp's samples belong to one cloud and the sums are added
+// once per warp (same-address atomics from every sample serialise).
+template <typename acc_t, int D>
+__global__ void __launch_bounds__(kBuildThreads)
+grid_crowding_count_kernel(const acc_t* __restrict__ refs, const int64_t* __restrict__ lengths2, int64_t B, int64_t M,
+                           const GridParams* __restrict__ grids, CrowdingScratch s) {
+  const int lane = threadIdx.x % 32;
+  const int64_t total = B * s.per_cloud;  // a multiple of 32, as is the stride of this loop
+  for (int64_t f = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; f - lane < total;
+       f += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = f / s.per_cloud, k = f - b * s.per_cloud;  // the same b in the whole warp
+    const int64_t m_valid = lengths2 ? lengths2[b] : M;
+    const int64_t stride = m_valid > s.per_cloud ? (m_valid + s.per_cloud - 1) / s.per_cloud : 1;
+    const int64_t j = k * stride;
+    const acc_t* p = refs + (b * M + j) * D;
+    const bool sampled = j < m_valid && finite_point<acc_t, D>(p);
+    const unsigned in_warp = __ballot_sync(0xffffffffu, sampled);
+    if (in_warp == 0) continue;
+    const GridParams& g = grids[b];
+#pragma unroll
+    for (int level = 0; level < kCrowdingLevels; ++level) {
+      unsigned long long growth = 0;
+      if (sampled) {
+        const double refine = ::exp2(0.5 * level);
+        uint64_t key = voxelize::fmix64(static_cast<uint64_t>(b * kCrowdingLevels + level));
+#pragma unroll
+        for (int a = 0; a < D; ++a) {
+          // Finite: |p - lo| <= the extent, inv_h <= kMaxCellsPerAxis / extent.
+          const double u = ::floor((static_cast<double>(p[a]) - g.lo[a]) * g.inv_h[a] * refine);
+          key = voxelize::fmix64(key ^ static_cast<uint64_t>(static_cast<int64_t>(u)));
+        }
+        if (key == kEmptyKey) key = 0;  // a collision of two cells only blurs the estimate
+        uint64_t h = key & s.mask;
+        for (uint64_t probe = 0; probe <= s.mask; ++probe) {  // at most half full: a slot is found
+          const unsigned long long prev =
+              atomicCAS(&s.table[h].key, kEmptyKey, static_cast<unsigned long long>(key));
+          if (prev == kEmptyKey || prev == key) {
+            const uint32_t before = atomicAdd(&s.table[h].count, 1u) + 1u;  // the cell's count before
+            growth = 2ull * before + 1ull;
+            break;
+          }
+          h = (h + 1) & s.mask;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) growth += __shfl_xor_sync(0xffffffffu, growth, o);
+      if (lane == 0) atomicAdd(s.sums + b * kCrowdingLevels + level, growth);
+    }
+    if (lane == 0) atomicAdd(s.sampled + b, static_cast<unsigned long long>(__popc(in_warp)));
+  }
+}
+
+// One thread per cloud: the level whose estimated crowding is at most `target`, and that cloud's
+// GridParams remade with it.
+template <int D>
+__global__ void grid_crowding_choose_kernel(int64_t B, BoundsScratch bounds, CrowdingScratch s, BuildConfig cfg,
+                                            double target, GridParams* __restrict__ grids) {
+  const int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (b >= B) return;
+  const int64_t count = grids[b].count;
+  const double sampled = static_cast<double>(s.sampled[b] + 1ull);
+  if (count <= 0 || sampled < 1) return;
+  const double f = ::fmin(1.0, sampled / static_cast<double>(count));
+  int chosen = kCrowdingLevels - 1;
+  for (int level = 0; level < kCrowdingLevels; ++level) {
+    const double sum2 = static_cast<double>(s.sums[b * kCrowdingLevels + level] + 1ull);
+    if ((sum2 - (1.0 - f) * sampled) / (f * sampled) <= target) {
+      chosen = level;
+      break;
+    }
+  }
+  if (chosen == 0) return;
+  double lo[D], hi[D];
+#pragma unroll
+  for (int a = 0; a < D; ++a) {
+    lo[a] = order_decode(bounds.bounds[b * 2 * D + a]);
+    hi[a] = order_decode(~bounds.bounds[b * 2 * D + D + a]);
+  }
+  cfg.h_scale = ::exp2(-0.5 * chosen);
+  grids[b] = make_grid_params<D>(lo, hi, count, cfg);
 }
 
 // Sort keys: references [0, B M) then queries [B M, B (M + N)), each with point_sort_key; the
@@ -296,14 +432,16 @@ struct GridBuild {
   int log2_cells;
 };
 
+// crowding_target > 0: the crowding refinement (knn), in points (see grid_crowding_count_kernel).
 template <typename acc_t, int D>
 GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const at::Tensor& len1,
-                               const at::Tensor& len2, BuildConfig cfg) {
+                               const at::Tensor& len2, BuildConfig cfg, double crowding_target = 0) {
   const int64_t B = q.size(0), N = q.size(1), M = r.size(1);
   const int64_t total = B * (M + N);
   const auto stream = c10::cuda::getCurrentCUDAStream();
+  const bool crowding = crowding_target > 0 && B * M > 0;
   GridBuild<acc_t, D> build;
-  build.log2_cells = cfg.log2_cells = log2_cells_for(M);
+  build.log2_cells = cfg.log2_cells = log2_cells_for(M) + (crowding ? kCrowdingKeyBits : 0);
   const int query_bit = bit_width(static_cast<uint64_t>(B)) + cfg.log2_cells;
   TORCH_CHECK(query_bit + 1 <= 63, "algorithm='grid': ", B, " clouds of ", M,
               " reference points need more than 64-bit cell keys");
@@ -333,6 +471,12 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   const int64_t off_counts = carve(B * 4);
   const int64_t off_done = carve(B * 4);
   const int64_t off_table = carve(capacity * static_cast<int64_t>(sizeof(CellSlot)));
+  const int64_t crowd_per_cloud =
+      crowding ? ceil_div<int64_t>(std::min(M, std::max(kCrowdingMinSamples, kCrowdingSamples / B)), 32) * 32 : 0;
+  const int64_t crowd_capacity = crowding ? voxelize::table_capacity(B * crowd_per_cloud * kCrowdingLevels) : 0;
+  const int64_t off_crowd_table = carve(crowd_capacity * static_cast<int64_t>(sizeof(CrowdSlot)));
+  const int64_t off_crowd_sums = carve(crowding ? B * kCrowdingLevels * 8 : 0);
+  const int64_t off_crowd_sampled = carve(crowding ? B * 8 : 0);
   const int64_t cleared = offset;
   const int64_t off_grids = carve(B * static_cast<int64_t>(sizeof(GridParams)));
   const int64_t off_keys0 = carve(total * 8), off_keys1 = carve(total * 8);
@@ -360,6 +504,17 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   grid_bounds_kernel<acc_t, D><<<static_cast<unsigned>(B * blocks_per_cloud), kBuildThreads, 0, stream>>>(
       rp, lengths2, M, blocks_per_cloud, scratch, cfg, build.grids);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (crowding) {
+    CrowdingScratch crowd{reinterpret_cast<CrowdSlot*>(base + off_crowd_table), static_cast<uint64_t>(crowd_capacity - 1),
+                          reinterpret_cast<unsigned long long*>(base + off_crowd_sums),
+                          reinterpret_cast<unsigned long long*>(base + off_crowd_sampled), crowd_per_cloud};
+    grid_crowding_count_kernel<acc_t, D><<<grid_for(B * crowd_per_cloud, kBuildThreads), kBuildThreads, 0, stream>>>(
+        rp, lengths2, B, M, build.grids, crowd);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    grid_crowding_choose_kernel<D><<<static_cast<unsigned>(ceil_div<int64_t>(B, kBuildThreads)), kBuildThreads, 0,
+                                     stream>>>(B, scratch, crowd, cfg, crowding_target, build.grids);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   grid_keys_kernel<acc_t, D><<<grid_for(total, kBuildThreads), kBuildThreads, 0, stream>>>(
       qp, rp, lengths1, lengths2, B, N, M, build.grids, cfg.log2_cells, query_bit, keys.Current(), values.Current());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -392,12 +547,30 @@ double points_per_cell_override(double fallback) {
   return value > 0 ? value : fallback;
 }
 
+// POINTOPS_GRID_CROWDING: the crowding refinement's target in units of points_per_cell; 0 turns it
+// off.
+double crowding_override(double fallback) {
+  const char* text = std::getenv("POINTOPS_GRID_CROWDING");
+  if (text == nullptr || text[0] == '\0') return fallback;
+  const double value = std::atof(text);
+  return value >= 0 ? value : fallback;
+}
+
+// POINTOPS_GRID_BALL_CELL: the ball query's smallest cell edge in radii (default 1).
+double ball_cell_override(double fallback) {
+  const char* text = std::getenv("POINTOPS_GRID_BALL_CELL");
+  if (text == nullptr || text[0] == '\0') return fallback;
+  const double value = std::atof(text);
+  return value > 0 ? value : fallback;
+}
+
 template <typename acc_t, int D>
 SearchArgs<acc_t, D> make_search_args(const at::Tensor& q, const at::Tensor& r, const at::Tensor& len1,
                                       const at::Tensor& len2, int64_t K, const GridBuild<acc_t, D>& build,
                                       const at::Tensor& dists, const at::Tensor& idx) {
   SearchArgs<acc_t, D> a{};
   a.queries = q.data_ptr<acc_t>();
+  a.refs = r.data_ptr<acc_t>();
   a.lengths1 = len1.defined() ? len1.data_ptr<int64_t>() : nullptr;
   a.lengths2 = len2.defined() ? len2.data_ptr<int64_t>() : nullptr;
   a.B = q.size(0);
@@ -437,16 +610,27 @@ void launch_knn(const SearchArgs<acc_t, D>& a) {
   }
 }
 
+template <typename Kernel, typename Args>
+void launch_ball_warps(Kernel kernel, const Args& a) {
+  const int64_t blocks = ceil_div<int64_t>(a.B * a.N, kBallWarps);
+  kernel<<<static_cast<unsigned>(blocks), kBallWarpThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// K <= 128: a warp per query (grid_ball_warp_cuda.cuh), a buffer of 32 R >= K + 32 slots per warp.
+// Larger K: a thread per query, passes of 64.
 template <typename acc_t, int D>
 void launch_ball(const SearchArgs<acc_t, D>& a) {
-  if (a.K <= 8) {
-    launch_search(ball_grid_kernel<acc_t, D, 8>, a);
-  } else if (a.K <= 16) {
-    launch_search(ball_grid_kernel<acc_t, D, 16>, a);
-  } else if (a.K <= 32) {
-    launch_search(ball_grid_kernel<acc_t, D, 32>, a);
+  if (a.K <= 32) {
+    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 2>, a);
+  } else if (a.K <= 64) {
+    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 3>, a);
+  } else if (a.K <= 96) {
+    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 4>, a);
+  } else if (a.K <= kBallWarpMaxK) {
+    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 5>, a);
   } else {
-    launch_search(ball_grid_kernel<acc_t, D, 64>, a);  // K > 64: passes of 64
+    launch_search(ball_grid_kernel<acc_t, D, 64>, a);  // passes of 64
   }
 }
 
@@ -500,12 +684,15 @@ std::tuple<at::Tensor, at::Tensor> knn_grid_cuda(const at::Tensor& p1, const at:
   cfg.points_per_cell =
       points_per_cell_override(K == 1 ? kPointsPerCellNN : kPointsPerCellPerNeighbour * static_cast<double>(K));
   cfg.min_cell = 0;
+  // K > 1: no refinement (measured no faster on the scans), unless POINTOPS_GRID_CROWDING asks.
+  const double crowding_target =
+      (K == 1 ? crowding_override(kCrowdingTarget) : crowding_override(0.0)) * cfg.points_per_cell;
   AT_DISPATCH_FLOATING_TYPES(compute_type, "knn_grid_cuda", [&] {
     using acc_t = scalar_t;
     dispatch_dim(dim, [&](auto dim_tag) {
       constexpr int D = decltype(dim_tag)::value;
       if constexpr (D == 2 || D == 3) {
-        const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg);
+        const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg, crowding_target);
         auto a = make_search_args<acc_t, D>(q, r, lengths1, lengths2, K, build, dists, idx);
         a.zero_unmatched = zero_unmatched;
         dispatch_metric(metric, [&](auto metric_tag) { launch_knn<acc_t, D, decltype(metric_tag)::value>(a); });
@@ -531,7 +718,7 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, co
   BuildConfig cfg{};
   // Cells of at least the radius: a query visits the <= 3^D cells within it (4^D when misaligned).
   cfg.points_per_cell = kPointsPerCellNN;
-  cfg.min_cell = std::fabs(radius);  // finite (check_ball_query_inputs); huge: one cell
+  cfg.min_cell = ball_cell_override(1.0) * std::fabs(radius);  // finite (check_ball_query_inputs); huge: one cell
   AT_DISPATCH_FLOATING_TYPES(compute_type, "ball_query_grid_cuda", [&] {
     using acc_t = scalar_t;
     dispatch_dim(dim, [&](auto dim_tag) {

@@ -1,0 +1,244 @@
+// Ball query over the grid with one warp per query (grid_search_cuda.cu launches it for K <= 128;
+// larger K keep the one-thread-per-query passes of grid_cuda.cuh's ball_search_query).
+//
+// Why a warp: a ball of radius r around a query touches up to 27 cells of edge >= r, holding some
+// hundreds of candidates, of which the K with the smallest indices inside the ball are wanted. One
+// thread per query keeping a sorted 64-slot register list spent most of its time in insertions
+// (243 registers, 2 blocks per SM). Here the 32 lanes look up 32 cells at once, a warp scan lays
+// the cells' runs end to end, and the lanes stride over the candidates together; those inside the
+// ball are appended to a per-warp buffer in shared memory (ballot + popc). When the buffer cannot
+// take another 32, it is cut to its K smallest indices (each entry's rank is the number of smaller
+// indices: indices are distinct, every reference lies in one cell); the K-th smallest then bounds
+// every later candidate (a larger index cannot enter). At the end the ranks place the K smallest
+// straight into the output row in index order.
+//
+// Exactness (grid.h's contract): the set of references with point_distance(q, p) < r2 inside the
+// cells that are not provably farther than r2 (the same skip test as ball_search_query) is exactly
+// the set brute force tests positive, each distance computed by the same function; the first K of
+// that set in index order are brute force's K slots.
+//
+// Fallback per query, decided from the looked-up run lengths C: when the cells within the radius
+// hold more than a quarter of the cloud's references, or C^2 > 5 K m (brute force's early exit at
+// the K-th point inside would come first: a radius comparable to the cloud, or everything in a few
+// cells), the warp scans the references in index order, 32 at a time, and stops at the K-th point
+// inside, as brute force does. (Measured on the H100 with the C > m / 4 rule alone: the grid lost
+// 2-20x at radii where C was in the thousands; benchmarks/RESULTS.md.)
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "grid/grid_cuda.cuh"
+
+namespace pointops {
+namespace grid_cuda {
+
+constexpr int kBallWarpThreads = 128;  // 4 queries per block
+constexpr int kBallWarps = kBallWarpThreads / 32;
+constexpr int64_t kBallWarpMaxK = 128;
+
+#if defined(__CUDACC__)
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Cuts the warp's buffer (count entries, distinct indices) to its min(count, K) smallest indices,
+// sorted, at the front; returns the new count and sets `limit` to the K-th smallest when there are
+// K. R entries per lane at most (count <= 32 R).
+template <typename acc_t, int R>
+__device__ __forceinline__ int keep_smallest(int32_t* idx, acc_t* dist, int count, int K, int32_t& limit) {
+  const int lane = threadIdx.x % 32;
+  int32_t mine[R];
+  acc_t mine_d[R];
+  int rank[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int x = lane + 32 * r;
+    mine[r] = x < count ? idx[x] : std::numeric_limits<int32_t>::max();
+    mine_d[r] = x < count ? dist[x] : acc_t(0);
+    rank[r] = 0;
+  }
+  for (int y = 0; y < count; ++y) {
+    const int32_t v = idx[y];  // the same address in every lane: a broadcast
+#pragma unroll
+    for (int r = 0; r < R; ++r) rank[r] += v < mine[r];
+  }
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (lane + 32 * r < count && rank[r] < K) {
+      idx[rank[r]] = mine[r];
+      dist[rank[r]] = mine_d[r];
+    }
+  }
+  __syncwarp();
+  if (count >= K) {
+    limit = idx[K - 1];
+    count = K;
+  }
+  return count;
+}
+
+// The query at sorted position t, searched by the calling warp. buffer_idx / buffer_dist: this
+// warp's 32 R slots. R >= K / 32 + 1, so that a cut buffer (<= K) takes another 32.
+template <typename acc_t, int D, int R>
+__device__ void ball_search_query_warp(const SearchArgs<acc_t, D>& a, int64_t t, int32_t* buffer_idx,
+                                       acc_t* buffer_dist) {
+  constexpr int kCapacity = 32 * R;
+  const int lane = threadIdx.x % 32;
+  const int64_t e = sorted_query(a, t), b = e / a.N, i = e - b * a.N;
+  const int64_t n_valid = a.lengths1 ? a.lengths1[b] : a.N;
+  acc_t* out_dist = a.dists + e * a.K;
+  int64_t* out_idx = a.idx + e * a.K;
+  const int K = static_cast<int>(a.K);
+  int found = 0;
+  acc_t q[D];
+#pragma unroll
+  for (int c = 0; c < D; ++c) q[c] = i < n_valid ? a.queries[e * D + c] : acc_t(0);
+  const GridParams& g = a.grids[b];
+  if (i < n_valid && finite_point<acc_t, D>(q) && g.count > 0) {
+    int32_t lo[3], hi[3];
+    reach_box<acc_t, D>(g, q, reach_of<acc_t, Metric::kSquaredL2>(a.r2), lo, hi);
+    const int64_t nx = hi[0] - lo[0] + 1, ny = hi[1] - lo[1] + 1, nz = hi[2] - lo[2] + 1;
+    const int64_t n_cells = nx * ny * nz;
+    const int64_t m_valid = a.lengths2 ? a.lengths2[b] : a.M;
+
+    // Lane `lane` of batch `base` looks up cell base + lane: its run [start, start + len).
+    auto look_up = [&](int64_t base, int32_t& start, int32_t& len) {
+      const int64_t c = base + lane;
+      start = 0;
+      len = 0;
+      if (c < n_cells) {
+        const int32_t k[3] = {static_cast<int32_t>(lo[0] + c % nx), static_cast<int32_t>(lo[1] + (c / nx) % ny),
+                              static_cast<int32_t>(lo[2] + c / (nx * ny))};
+        if (!prunable(cell_bound<acc_t, D, Metric::kSquaredL2>(g, q, k), a.r2)) {
+          int32_t end;
+          find_cell(a.table, a.mask, cell_key<D>(g, b, k, a.log2_cells), &start, &end);
+          len = end - start;
+        }
+      }
+    };
+    auto warp_sum = [](int64_t v) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+      return v;
+    };
+
+    int32_t start, len;
+    look_up(0, start, len);
+    int64_t candidates = warp_sum(len);
+    for (int64_t base = 32; base < n_cells; base += 32) {
+      int32_t s2, l2;
+      look_up(base, s2, l2);
+      candidates += warp_sum(l2);
+    }
+
+    // Brute force stops at the K-th point inside, after ~K m / inside points; the grid handles its
+    // C candidates (~5x the points inside for cells of one radius in 3-D) at a few times brute
+    // force's cost per point. So the scan wins once C^2 > 5 K m, or C > m / 4.
+    if (4 * candidates > m_valid || candidates * candidates > 5 * static_cast<int64_t>(K) * m_valid) {
+      // Brute force's scan in index order, with its early exit at the K-th point inside.
+      const acc_t* refs = a.refs + b * a.M * D;
+      for (int64_t base = 0; base < m_valid && found < K; base += 32) {
+        const int64_t j = base + lane;
+        bool hit = false;
+        acc_t d = acc_t(0);
+        if (j < m_valid) {
+          acc_t p[D];
+#pragma unroll
+          for (int c = 0; c < D; ++c) p[c] = refs[j * D + c];
+          d = point_distance<D, Metric::kSquaredL2>(q, p);
+          hit = d < a.r2;
+        }
+        const unsigned mask = __ballot_sync(kFullMask, hit);
+        const int slot = found + __popc(mask & ((1u << lane) - 1u));
+        if (hit && slot < K) {
+          out_dist[slot] = d;
+          out_idx[slot] = j;
+        }
+        found = min(K, found + __popc(mask));
+      }
+    } else {
+      int count = 0;
+      int32_t limit = std::numeric_limits<int32_t>::max();
+      for (int64_t base = 0; base < n_cells; base += 32) {
+        if (base > 0) look_up(base, start, len);  // the first batch's runs are still in registers
+        int32_t incl = len;  // inclusive scan of the run lengths over the lanes
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int32_t v = __shfl_up_sync(kFullMask, incl, o);
+          if (lane >= o) incl += v;
+        }
+        const int32_t total = __shfl_sync(kFullMask, incl, 31);
+        const int32_t excl = incl - len;
+        for (int32_t j0 = 0; j0 < total; j0 += 32) {
+          const int32_t j = j0 + lane;
+          // The lane whose run holds candidate j: the number of lanes whose runs end at or before j.
+          int owner = 0;
+#pragma unroll
+          for (int step = 16; step > 0; step >>= 1) {
+            if (__shfl_sync(kFullMask, incl, owner + step - 1) <= j) owner += step;
+          }
+          const int32_t run_start = __shfl_sync(kFullMask, start, owner);
+          const int32_t run_excl = __shfl_sync(kFullMask, excl, owner);
+          bool hit = false;
+          int32_t p_idx = 0;
+          acc_t d = acc_t(0);
+          if (j < total) {
+            const GridPoint<acc_t, D> p = a.points[run_start + (j - run_excl)];
+            if (p.idx < limit) {
+              d = point_distance<D, Metric::kSquaredL2>(q, p.c);
+              hit = d < a.r2;
+              p_idx = p.idx;
+            }
+          }
+          const unsigned mask = __ballot_sync(kFullMask, hit);
+          if (mask == 0) continue;
+          if (count + __popc(mask) > kCapacity) {
+            count = keep_smallest<acc_t, R>(buffer_idx, buffer_dist, count, K, limit);
+          }
+          if (hit) {
+            const int slot = count + __popc(mask & ((1u << lane) - 1u));
+            buffer_idx[slot] = p_idx;
+            buffer_dist[slot] = d;
+          }
+          count += __popc(mask);
+          __syncwarp();
+        }
+      }
+      // Rank every entry; the K smallest go to their slots in index order.
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int x = lane + 32 * r;
+        if (x < count) {
+          const int32_t v = buffer_idx[x];
+          int rank = 0;
+          for (int y = 0; y < count; ++y) rank += buffer_idx[y] < v;
+          if (rank < K) {
+            out_dist[rank] = buffer_dist[x];
+            out_idx[rank] = v;
+          }
+        }
+      }
+      found = min(count, K);
+      __syncwarp();  // the buffer is reused by this warp's next query
+    }
+  }
+  for (int k = found + lane; k < K; k += 32) {
+    out_dist[k] = acc_t(0);
+    out_idx[k] = -1;
+  }
+}
+
+template <typename acc_t, int D, int R>
+__global__ void __launch_bounds__(kBallWarpThreads) ball_grid_warp_kernel(const SearchArgs<acc_t, D> a) {
+  __shared__ int32_t buffer_idx[kBallWarps][32 * R];
+  __shared__ acc_t buffer_dist[kBallWarps][32 * R];
+  const int warp = threadIdx.x / 32;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(kBallWarps) + warp;
+  if (t < a.B * a.N) ball_search_query_warp<acc_t, D, R>(a, t, buffer_idx[warp], buffer_dist[warp]);
+}
+
+#endif  // __CUDACC__
+
+}  // namespace grid_cuda
+}  // namespace pointops
