@@ -6,6 +6,7 @@ bit, then timed with CUDA events. Needs pointops built with CUDA and a GPU.
     python scripts/debug/grid_cuda_check.py time         # the issue's targets, real scans, adversarial
     python scripts/debug/grid_cuda_check.py crossover    # brute vs grid over sizes (grid_pays_cuda)
     python scripts/debug/grid_cuda_check.py sweep        # knn times over POINTOPS_GRID_POINTS_PER_CELL
+    python scripts/debug/grid_cuda_check.py tune         # crowding target, ball cell edge, ball grid vs brute
 
 A mismatch prints the case (shape, sizes, dtype, seed) and the first differing rows; rerun it alone
 with `check` and the same seed. The logic of the search is also checked on the CPU, without a GPU,
@@ -354,6 +355,61 @@ def run_sweep():
     os.environ.pop("POINTOPS_GRID_POINTS_PER_CELL", None)
 
 
+def run_tune():
+    """The knobs of the cell-size rules, each result checked against brute force: the crowding
+    target (POINTOPS_GRID_CROWDING; the values from TUNE_CROWDING, comma-separated) on the real
+    scans and the uniform cloud, the ball query's cell edge in radii (POINTOPS_GRID_BALL_CELL), and
+    ball_query grid vs brute over radii and sizes (the data for grid_pays_cuda's ball rule; skipped
+    with TUNE_BALL=0)."""
+    print("== tune", torch.cuda.get_device_name(), "torch", torch.__version__)
+    g = torch.Generator(device=DEV).manual_seed(3)
+    clouds = {name: (scan[None].to(DEV), rigid_motion(scan[None].to(DEV))) for name, scan in lidar_scans().items()}
+    clouds["uniform 1M"] = (torch.rand(1, 1 << 20, 3, generator=g, device=DEV),
+                            torch.rand(1, 1 << 20, 3, generator=g, device=DEV))
+    for name, (a, b) in clouds.items():
+        want = ops.chamfer(a, b, algorithm="brute")
+        tb = timed(lambda: ops.chamfer(a, b, algorithm="brute"), repeat=3, warmup=1)
+        want16 = ops.knn_points(a, b, K=16, algorithm="brute") if a.shape[1] < 400000 else None
+        for target in [int(v) for v in os.environ.get("TUNE_CROWDING", "0,4,8,16,24,48,96").split(",")]:
+            os.environ["POINTOPS_GRID_CROWDING"] = str(target)
+            ok = verify(ops.chamfer(a, b, algorithm="grid"), want)
+            t = timed(lambda: ops.chamfer(a, b, algorithm="grid"))
+            line = f"crowding {target:3d} {name:16s} chamfer {t:8.3f} ms (brute {tb:8.3f}: {tb / t:6.1f}x) {ok}"
+            if want16 is not None:
+                ok16 = verify(ops.knn_points(a, b, K=16, algorithm="grid")[:2], want16[:2])
+                t16 = timed(lambda: ops.knn_points(a, b, K=16, algorithm="grid"))
+                line += f"; knn K=16 {t16:8.3f} ms {ok16}"
+                FAILURES.extend([] if ok16 else [line])
+            FAILURES.extend([] if ok else [line])
+            print(line, flush=True)
+    os.environ.pop("POINTOPS_GRID_CROWDING", None)
+
+    if os.environ.get("TUNE_BALL", "1") == "0":
+        return
+    p1, p2 = torch.rand(8, 16384, 3, generator=g, device=DEV), torch.rand(8, 16384, 3, generator=g, device=DEV)
+    want = ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="brute")[:2]
+    for edge in (0.5, 0.7, 1.0, 1.4, 2.0):
+        os.environ["POINTOPS_GRID_BALL_CELL"] = str(edge)
+        ok = verify(ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="grid")[:2], want)
+        t = timed(lambda: ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="grid"), repeat=30)
+        FAILURES.extend([] if ok else [f"ball edge {edge}"])
+        print(f"ball cell edge {edge:4.2f} radii: K=64 r=0.1 8 x 16384^2 {t:8.3f} ms {ok}", flush=True)
+    os.environ.pop("POINTOPS_GRID_BALL_CELL", None)
+
+    print("== ball_query grid vs brute (uniform unit cube, float32, D=3)")
+    for B, n in ((1, 4096), (8, 4096), (32, 2048), (8, 16384), (1, 65536), (1, 262144)):
+        p1, p2 = torch.rand(B, n, 3, generator=g, device=DEV), torch.rand(B, n, 3, generator=g, device=DEV)
+        for K in (16, 64):
+            for radius in (0.02, 0.05, 0.1, 0.2, 0.4, 1.0):
+                grid = lambda: ops.ball_query(p1, p2, K=K, radius=radius, algorithm="grid")  # noqa: E731
+                brute = lambda: ops.ball_query(p1, p2, K=K, radius=radius, algorithm="brute")  # noqa: E731
+                ok = verify(grid()[:2], brute()[:2])
+                tg, tbr = timed(grid), timed(brute, repeat=5)
+                FAILURES.extend([] if ok else [f"ball {B} {n} {K} {radius}"])
+                print(f"B={B:2d} n={n:6d} K={K:2d} r={radius:4.2f}: grid {tg:8.3f} ms  brute {tbr:8.3f} ms "
+                      f"({tbr / tg:6.2f}x) {ok}", flush=True)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
     if what in ("all", "check"):
@@ -364,4 +420,6 @@ if __name__ == "__main__":
         run_crossover()
     if what == "sweep":
         run_sweep()
+    if what == "tune":
+        run_tune()
     sys.exit(1 if FAILURES else 0)

@@ -10,7 +10,11 @@
 //   scripts/debug/grid_host_check.sh model D N M K knn|ball [radius] [points_per_cell]
 //       one uniform unit-cube cloud pair (float): the grid's shape and the work per query (cells
 //       enumerated, hash lookups, distances, rings / passes), 500 queries checked against brute force
+//   scripts/debug/grid_host_check.sh scan FILE FLOATS_PER_POINT[h] [points_per_cell,...]
+//       a real scan (headerless float32, or float16 with 'h'; x y z first) against itself after grid_cuda_check.py's rigid
+//       motion, K = 1 both directions: the work per query and the host search time for each cell rule
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -448,9 +452,114 @@ int model(int64_t N, int64_t M, int64_t K, bool ball, double radius, double rho)
   return bad == 0 ? 0 : 1;
 }
 
+// Every kScanSample-th query in sorted (cell) order is searched: a spatially even sample; the host
+// time is scaled back to all queries.
+constexpr int64_t kScanSample = 16;
+int g_extra_key_bits = std::getenv("EXTRA_KEY_BITS") ? std::atoi(std::getenv("EXTRA_KEY_BITS")) : 0;
+
+// A real scan against its moved copy (grid_cuda_check.py's rigid_motion: 0.02 rad about z, then
+// (0.3, -0.1, 0.02)), K = 1 both directions, for each points-per-cell value.
+int scan_model(const char* path, int stride, bool half, const std::vector<double>& rhos) {
+  using acc_t = float;
+  FILE* f = std::fopen(path, "rb");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot open %s\n", path);
+    return 2;
+  }
+  std::vector<float> raw;
+  if (half) {  // IEEE binary16 (the nuScenes sweep)
+    uint16_t buf[4096];
+    size_t got;
+    while ((got = std::fread(buf, sizeof(uint16_t), 4096, f)) > 0) {
+      for (size_t k = 0; k < got; ++k) {
+        const int exponent = (buf[k] >> 10) & 31, mantissa = buf[k] & 1023;
+        const double magnitude = exponent == 0 ? std::ldexp(mantissa, -24)
+                                 : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                                                  : std::ldexp(1024 + mantissa, exponent - 25);
+        raw.push_back(static_cast<float>((buf[k] >> 15) ? -magnitude : magnitude));
+      }
+    }
+  } else {
+    float buf[4096];
+    size_t got;
+    while ((got = std::fread(buf, sizeof(float), 4096, f)) > 0) raw.insert(raw.end(), buf, buf + got);
+  }
+  std::fclose(f);
+  const int64_t M = static_cast<int64_t>(raw.size()) / stride;
+  std::vector<acc_t> r(M * 3), q(M * 3);
+  const double c = std::cos(0.02), s = std::sin(0.02);
+  for (int64_t i = 0; i < M; ++i) {
+    const double x = raw[i * stride], y = raw[i * stride + 1], z = raw[i * stride + 2];
+    r[i * 3] = static_cast<acc_t>(x), r[i * 3 + 1] = static_cast<acc_t>(y), r[i * 3 + 2] = static_cast<acc_t>(z);
+    q[i * 3] = static_cast<acc_t>(c * x - s * y + 0.3);
+    q[i * 3 + 1] = static_cast<acc_t>(s * x + c * y - 0.1);
+    q[i * 3 + 2] = static_cast<acc_t>(z + 0.02);
+  }
+  std::printf("scan %s: %" PRId64 " points\n", path, M);
+  for (const double rho : rhos) {
+    Stats total{};
+    double seconds = 0;
+    int64_t occupied = 0, max_run = 0;
+    double h = 0, crowding = 0;  // sum over cells of run^2: / points = the mean run a point sits in
+    for (int dir = 0; dir < 2; ++dir) {
+      const auto& qq = dir == 0 ? q : r;
+      const auto& rr = dir == 0 ? r : q;
+      BuildConfig cfg{};
+      cfg.points_per_cell = rho;
+      cfg.min_cell = 0;
+      cfg.log2_cells = bit_width(static_cast<uint64_t>(std::max<int64_t>(8 * M, 64)) - 1) + g_extra_key_bits;
+      const auto grid = build<acc_t, 3>(qq, rr, {}, {}, 1, M, M, cfg);
+      for (const auto& slot : grid.table) {
+        if (slot.key == kEmptyKey) continue;
+        ++occupied;
+        crowding += static_cast<double>(slot.end - slot.start) * (slot.end - slot.start);
+      }
+      max_run = std::max(max_run, grid.max_run);
+      h = grid.grids[0].h[0];
+      std::vector<acc_t> dist(M);
+      std::vector<int64_t> idx(M);
+      SearchArgs<acc_t, 3> a{};
+      a.queries = qq.data();
+      a.B = 1, a.N = M, a.M = M, a.K = 1;
+      a.grids = grid.grids.data();
+      a.table = grid.table.data();
+      a.mask = grid.mask;
+      a.points = grid.points.data();
+      a.order = grid.order.data();
+      a.log2_cells = grid.log2_cells;
+      a.zero_unmatched = true;
+      a.dists = dist.data();
+      a.idx = idx.data();
+      g_stats = Stats{};
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t t = 0; t < M; t += kScanSample) knn_search_query<acc_t, 3, Metric::kSquaredL2, 1>(a, t);
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      total.cells += g_stats.cells, total.lookups += g_stats.lookups, total.points += g_stats.points;
+      total.rings += g_stats.rings;
+    }
+    const double n = 2.0 * ((M + kScanSample - 1) / kScanSample);
+    std::printf("rho %8.3g: h %.4g, occupied %" PRId64 " (both grids), crowding %.1f, largest run %" PRId64
+                "; per query %.1f cells, %.1f lookups, %.1f distances, %.2f rings; host search %.1f ms (all queries, estimated)\n",
+                rho, h, occupied, crowding / (2.0 * M), max_run, total.cells / n, total.lookups / n, total.points / n, total.rings / n,
+                seconds * 1e3 * kScanSample);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 3 && std::string(argv[1]) == "scan") {
+    std::vector<double> rhos;
+    const char* list = argc > 4 ? argv[4] : "2";
+    for (const char* p = list; *p;) {
+      rhos.push_back(std::atof(p));
+      while (*p && *p != ',') ++p;
+      if (*p == ',') ++p;
+    }
+    return scan_model(argv[2], std::atoi(argv[3]), std::string(argv[3]).back() == 'h', rhos);
+  }
   if (argc > 1 && std::string(argv[1]) == "model") {
     if (argc < 7) {
       std::fprintf(stderr, "usage: model D N M K knn|ball [radius] [points_per_cell]\n");
