@@ -29,11 +29,9 @@ os.environ.setdefault("POINTOPS_JIT", "1")
 os.environ.setdefault("POINTOPS_JIT_CUDA", "1")
 
 
-def main():
-    if len(sys.argv) < 3 or sys.argv[2] not in ("build", "pytest", "run"):
-        sys.exit(__doc__)
-    families = sys.argv[1].split(",")
-    # Load pointops._sources before the package, and keep only the named families' sources.
+def restrict_sources(families):
+    """Before pointops is imported: its JIT build compiles csrc/pointops.cpp and these families'
+    folders only (pointops._sources loaded by path and its source_files filtered)."""
     spec = importlib.util.spec_from_file_location("pointops._sources", ROOT / "pointops" / "_sources.py")
     sources = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sources)
@@ -42,6 +40,13 @@ def main():
     sources.source_files = lambda with_cuda, root=sources.CSRC: [
         f for f in all_sources(with_cuda, root)
         if f.endswith("pointops.cpp") or any(f"/{family}/" in f for family in families)]
+
+
+def main():
+    if len(sys.argv) < 3 or sys.argv[2] not in ("build", "pytest", "run"):
+        sys.exit(__doc__)
+    families = sys.argv[1].split(",")
+    restrict_sources(families)
 
     import torch
 

@@ -10,24 +10,13 @@ other families' ops then have no kernels), then:
 
 The full build (`scripts/gpu_check.sh`) remains the real check.
 """
-import importlib.util
-import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
-os.environ.setdefault("POINTOPS_JIT", "1")
-os.environ.setdefault("POINTOPS_JIT_CUDA", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from family_probe import ROOT, restrict_sources  # noqa: E402  (sets POINTOPS_JIT, the paths)
 
-# Load pointops._sources before the package, and keep only the strided sources.
-spec = importlib.util.spec_from_file_location("pointops._sources", ROOT / "pointops" / "_sources.py")
-_sources = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(_sources)
-sys.modules["pointops._sources"] = _sources
-_all_sources = _sources.source_files
-_sources.source_files = lambda with_cuda, root=_sources.CSRC: [
-    f for f in _all_sources(with_cuda, root) if "/strided/" in f or f.endswith("pointops.cpp")]
+restrict_sources(["strided"])
 
 import torch  # noqa: E402
 
