@@ -166,18 +166,19 @@ def test_ball_query_grid_equals_brute(kind, dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_ball_query_grid_crowded_balls(device):
-    """Balls holding more points than K and than the CUDA warp's buffer (64..160 slots) while the
-    cells within the radius hold C candidates with C^2 <= 5 K M: the CUDA grid path cuts its buffer
-    to the K smallest indices several times per query; the smaller K here take the warp's index-order
-    scan instead (grid_ball_warp_cuda.cuh). The CPU grid keeps its own list."""
+    """Balls holding more points than K and than the CUDA warp's buffer (64..160 slots), while the
+    cells within the radius hold well under a quarter of the cloud: the CUDA grid path cuts its
+    buffer to the K smallest indices several times per query, for every buffer size (K up to 32,
+    64, 96, 128; grid_ball_warp_cuda.cuh), and K = 129 takes the thread-per-query passes. The CPU
+    grid keeps its own list."""
     g = torch.Generator().manual_seed(31)
     p1 = torch.rand(1, 300, 3, generator=g).to(device)
-    p2 = torch.rand(1, 4000, 3, generator=g).to(device)  # radius 0.2: ~130 inside, C ~860
+    p2 = torch.rand(1, 4000, 3, generator=g).to(device)  # radius 0.2: ~130 inside, ~860 in the cells
     for K in (1, 8, 40, 64, 100, 128, 129):
         both(lambda a: pointops.ball_query(p1, p2, K=K, radius=0.2, algorithm=a)[:2])
-    p2 = torch.rand(1, 40000, 3, generator=g).to(device)  # radius 0.1: ~170 inside, C ~820
-    for K in (1, 8, 16, 32):
-        both(lambda a: pointops.ball_query(p1, p2, K=K, radius=0.1, algorithm=a)[:2])
+    p2 = torch.rand(1, 40000, 3, generator=g).to(device)  # radius 0.15: ~570 inside, ~2800 in the cells
+    for K in (1, 8, 32, 64, 80, 96, 100, 128):
+        both(lambda a: pointops.ball_query(p1, p2, K=K, radius=0.15, algorithm=a)[:2])
 
 
 @requires_cuda

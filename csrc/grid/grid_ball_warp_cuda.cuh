@@ -17,12 +17,15 @@
 // the set brute force tests positive, each distance computed by the same function; the first K of
 // that set in index order are brute force's K slots.
 //
-// Fallback per query, decided from the looked-up run lengths C: when the cells within the radius
-// hold more than a quarter of the cloud's references, or C^2 > 5 K m (brute force's early exit at
-// the K-th point inside would come first: a radius comparable to the cloud, or everything in a few
-// cells), the warp scans the references in index order, 32 at a time, and stops at the K-th point
-// inside, as brute force does. (Measured on the H100 with the C > m / 4 rule alone: the grid lost
-// 2-20x at radii where C was in the thousands; benchmarks/RESULTS.md.)
+// Fallback per query, decided from the looked-up run lengths: when the cells within the radius hold
+// more than a quarter of the cloud's references (a radius comparable to the cloud, or everything
+// in a few cells), the grid saves nothing; the warp then scans the references in index order, 32
+// at a time, and stops at the K-th point inside, which is brute force's own early exit. This rule
+// is too permissive where the cells hold thousands of candidates but well under a quarter of the
+// cloud: brute force's early exit then comes much sooner (measured on the H100: the grid 2-20x
+// slower at such radii, benchmarks/RESULTS.md). A rule like C^2 > 5 K m would catch those, but
+// also sends queries just outside a dense cluster (C large, nothing inside) to a scan of the whole
+// cloud; not measured, so not taken.
 #pragma once
 
 #include <cstdint>
@@ -132,10 +135,7 @@ __device__ void ball_search_query_warp(const SearchArgs<acc_t, D>& a, int64_t t,
       candidates += warp_sum(l2);
     }
 
-    // Brute force stops at the K-th point inside, after ~K m / inside points; the grid handles its
-    // C candidates (~5x the points inside for cells of one radius in 3-D) at a few times brute
-    // force's cost per point. So the scan wins once C^2 > 5 K m, or C > m / 4.
-    if (4 * candidates > m_valid || candidates * candidates > 5 * static_cast<int64_t>(K) * m_valid) {
+    if (4 * candidates > m_valid) {
       // Brute force's scan in index order, with its early exit at the K-th point inside.
       const acc_t* refs = a.refs + b * a.M * D;
       for (int64_t base = 0; base < m_valid && found < K; base += 32) {
@@ -220,7 +220,6 @@ __device__ void ball_search_query_warp(const SearchArgs<acc_t, D>& a, int64_t t,
         }
       }
       found = min(count, K);
-      __syncwarp();  // the buffer is reused by this warp's next query
     }
   }
   for (int k = found + lane; k < K; k += 32) {
