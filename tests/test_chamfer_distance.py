@@ -483,6 +483,37 @@ def test_fused_pieces_opcheck(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fused_pieces_refuse_bad_arguments(device):
+    """The private loss / backward ops check what they index by (shared checks in chamfer_loss.h,
+    the same message on both devices) and the option names."""
+    x, y, _, _, xl, yl = clouds(device, dtype=torch.float32, P1=17, P2=13)
+    d1, d2, i1, i2 = pointops.chamfer(x, y, xl, yl)
+    loss = torch.ops.pointops._chamfer_distance_loss.default
+    backward = torch.ops.pointops._chamfer_distance_backward.default
+    g = torch.tensor(0.7, device=device)
+    with pytest.raises(RuntimeError, match=r"_chamfer_distance_loss: dist1 must be \(B, N\)"):
+        loss(d1[0], None, None, None, None, 13, "mean", "mean", True)
+    with pytest.raises(RuntimeError, match=r"_chamfer_distance_loss: dist2 must be \(B, num_y\) = \(4, 12\)"):
+        loss(d1, d2, xl, yl, None, 12, "mean", "mean", True)
+    with pytest.raises(RuntimeError, match="point_reduction must be 'mean' or 'sum', got 'max'"):
+        loss(d1, d2, xl, yl, None, 13, "max", "mean", True)
+    with pytest.raises(RuntimeError, match="batch_reduction must be 'mean', 'sum' or None, got 'all'"):
+        loss(d1, d2, xl, yl, None, 13, "mean", "all", True)
+    with pytest.raises(RuntimeError, match="_chamfer_distance_backward: dist2 needs idx2"):
+        backward(g, x, y, d1, i1, d2, None, xl, yl, None, "mean", "mean", 2, True)
+    with pytest.raises(RuntimeError, match=r"x \(B, N, D\) and y \(B, M, D\) expected"):
+        backward(g, x[0], y, d1, i1, d2, i2, xl, yl, None, "mean", "mean", 2, True)
+    with pytest.raises(RuntimeError, match=r"dist1 and idx1 must be \(B, N\) = \(4, 17\)"):
+        backward(g, x, y, d1[:, :5], i1[:, :5], d2, i2, xl, yl, None, "mean", "mean", 2, True)
+    with pytest.raises(RuntimeError, match=r"dist2 and idx2 must be \(B, M\) = \(4, 13\)"):
+        backward(g, x, y, d1, i1, d2[:, :5], i2[:, :5], xl, yl, None, "mean", "mean", 2, True)
+    with pytest.raises(RuntimeError, match="grad must hold one value per cloud without a batch reduction"):
+        backward(g.expand(3), x, y, d1, i1, d2, i2, xl, yl, None, "mean", "mean", 2, True)
+    with pytest.raises(RuntimeError, match="grad must hold one value per cloud without a batch reduction"):
+        backward(g, x, y, d1, i1, d2, i2, xl, yl, None, "mean", None, 2, True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("norm, squared", [(2, True), (2, False), (1, True)])
 @pytest.mark.parametrize("batch_reduction", ["mean", "sum", None])
 @pytest.mark.parametrize("point_reduction", ["mean", "sum"])

@@ -174,6 +174,7 @@ at::Tensor chamfer_distance_loss_cpu(const at::Tensor& dist1, const OptionalTens
                                      c10::optional<c10::string_view> batch_reduction, bool squared) {
   const bool mean = parse_point_mean(point_reduction);
   const BatchReduction br = parse_batch_reduction(batch_reduction);
+  check_chamfer_distance_loss_shapes(dist1, dist2, num_y);
   const int64_t B = dist1.size(0);
   const CloudFactors fx{to_doubles(defined_or_empty(weights)), to_longs(x_lengths), to_longs(y_lengths)};
   std::vector<double> v(B, 0.0);
@@ -241,12 +242,9 @@ std::tuple<at::Tensor, at::Tensor> chamfer_distance_backward_cpu(
   const bool mean = parse_point_mean(point_reduction);
   const BatchReduction br = parse_batch_reduction(batch_reduction);
   const bool single = !(dist2.has_value() && dist2->defined());
-  TORCH_CHECK(single || (idx2.has_value() && idx2->defined()), "_chamfer_distance_backward: dist2 needs idx2");
+  check_chamfer_distance_backward_shapes(grad, x, y, dist1, idx1, dist2, idx2, br);
   const CloudFactors fx{to_doubles(defined_or_empty(weights)), to_longs(x_lengths), to_longs(y_lengths)};
   const std::vector<double> g = grad_values(grad);
-  TORCH_CHECK(static_cast<int64_t>(g.size()) == (br == BatchReduction::None ? x.size(0) : 1),
-              "_chamfer_distance_backward: grad must hold one value per cloud without a batch reduction, else one; got ",
-              grad.sizes());
   auto [grad_x, grad_y] = nearest_neighbor_backward_op(
       cpu_direction_grad(g, dist1.contiguous(), fx, y.size(1), mean, br, squared), x, y, idx1, norm);
   if (!single) {

@@ -168,7 +168,7 @@ at::Tensor chamfer_distance_loss_cuda(const at::Tensor& dist1, const c10::option
   const bool mean = parse_point_mean(point_reduction);
   const BatchReduction batch = parse_batch_reduction(batch_reduction);
   const bool both = dist2.has_value() && dist2->defined();
-  TORCH_CHECK(dist1.dim() == 2, "_chamfer_distance_loss: dist1 must be (B, N), got ", dist1.sizes());
+  check_chamfer_distance_loss_shapes(dist1, dist2, num_y);
   const int64_t B = dist1.size(0), N = dist1.size(1);
   const c10::cuda::CUDAGuard guard(dist1.device());
   at::Tensor out = batch == BatchReduction::None ? at::empty({B}, dist1.options()) : at::empty({}, dist1.options());
@@ -209,18 +209,8 @@ std::tuple<at::Tensor, at::Tensor> chamfer_distance_backward_cuda(
   const BatchReduction batch = parse_batch_reduction(batch_reduction);
   const Metric metric = metric_from_norm(norm);
   const bool both = dist2.has_value() && dist2->defined();
-  TORCH_CHECK(!both || (idx2.has_value() && idx2->defined()), "_chamfer_distance_backward: dist2 needs idx2");
-  TORCH_CHECK(x.dim() == 3 && y.dim() == 3 && x.size(0) == y.size(0) && x.size(2) == y.size(2),
-              "_chamfer_distance_backward: x (B, N, D) and y (B, M, D) expected, got ", x.sizes(), " and ", y.sizes());
+  check_chamfer_distance_backward_shapes(grad, x, y, dist1, idx1, dist2, idx2, batch);
   const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
-  TORCH_CHECK(idx1.sizes() == at::IntArrayRef({B, N}) && dist1.sizes() == idx1.sizes(),
-              "_chamfer_distance_backward: dist1 and idx1 must be (B, N) = (", B, ", ", N, "), got ", dist1.sizes(),
-              " and ", idx1.sizes());
-  TORCH_CHECK(!both || (idx2->sizes() == at::IntArrayRef({B, M}) && dist2->sizes() == idx2->sizes()),
-              "_chamfer_distance_backward: dist2 and idx2 must be (B, M) = (", B, ", ", M, ")");
-  TORCH_CHECK(grad.numel() == (batch == BatchReduction::None ? B : 1),
-              "_chamfer_distance_backward: grad must hold one value per cloud without a batch reduction, else one; got ",
-              grad.sizes());
   const c10::cuda::CUDAGuard guard(x.device());
   const auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor grad_x = at::zeros({B, N, dim}, x.options().dtype(acc_type));
