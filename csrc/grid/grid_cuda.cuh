@@ -23,8 +23,8 @@
 #include <limits>
 
 #include "chamfer/chamfer.h"
+#include "common/hash_table.h"
 #include "neighbors/spatial_order_cuda.cuh"
-#include "voxelize/voxelize.h"
 
 #if defined(__CUDACC__)
 #define POINTOPS_GRID_HD __host__ __device__ __forceinline__
@@ -400,7 +400,7 @@ struct SearchArgs {
 // The run [start, end) of cell `key`, or an empty run. Linear probing from fmix64(key), bounded by
 // the capacity.
 POINTOPS_GRID_HD void find_cell(const CellSlot* table, uint64_t mask, uint64_t key, int32_t* start, int32_t* end) {
-  uint64_t h = voxelize::fmix64(key) & mask;
+  uint64_t h = fmix64(key) & mask;
   for (uint64_t probe = 0; probe <= mask; ++probe) {
 #if defined(__CUDA_ARCH__)
     const ulonglong2 slot = __ldg(reinterpret_cast<const ulonglong2*>(table + h));  // key, (start, end)

@@ -5,8 +5,8 @@
 // Per cloud (grid_geometry.h has the arithmetic): the box of its finite valid points, a cell edge
 // from the box volume and the point count (refined where the points crowd their cells, as a LiDAR
 // scan's surfaces do), the points sorted by (cell key, index) and copied in that order, the
-// occupied cells' keys and offsets, and an open-addressing hash (voxelize's fmix64) from a key to
-// its cell. Nothing is allocated per cell of the box: memory is O(points) whatever the extent,
+// occupied cells' keys and offsets, and an open-addressing hash (common/hash_table.h) from a key
+// to its cell. Nothing is allocated per cell of the box: memory is O(points) whatever the extent,
 // freed on return. float32, D = 3, per reference point: 12 (coordinates) + 8 (index) + 16-32
 // (sort pairs, while building) + 80 per occupied cell (key, offset, <= 4 hash slots) shared by its
 // points: ~50 bytes with 6 points per cell, ~110 at worst; per query: 12 + 8 + 16 = 36 bytes.
@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "common/cpu_dispatch.h"
+#include "common/hash_table.h"
 #include "grid/grid.h"
 #include "grid/grid_geometry.h"
 #include "neighbors/neighbors.h"
-#include "voxelize/voxelize.h"
 
 namespace pointops {
 
@@ -88,7 +88,7 @@ struct CloudGrid {
   uint64_t mask = 0;
 
   int64_t find(int64_t key) const {
-    for (uint64_t s = voxelize::fmix64(static_cast<uint64_t>(key)) & mask;; s = (s + 1) & mask) {
+    for (uint64_t s = fmix64(static_cast<uint64_t>(key)) & mask;; s = (s + 1) & mask) {
       if (table[s].key == key) return table[s].cell;
       if (table[s].key < 0) return -1;
     }
@@ -195,7 +195,7 @@ void build_grid(const scalar_t* refs, int64_t m_valid, double per_cell, double m
   g.mask = capacity - 1;
   g.table.assign(capacity, HashSlot{-1, -1});
   for (int64_t c = 0; c < cells; ++c) {
-    uint64_t s = voxelize::fmix64(static_cast<uint64_t>(keys[c])) & g.mask;
+    uint64_t s = fmix64(static_cast<uint64_t>(keys[c])) & g.mask;
     while (g.table[s].key >= 0) s = (s + 1) & g.mask;
     g.table[s] = HashSlot{keys[c], c};
   }

@@ -60,11 +60,11 @@
 
 #include "chamfer/chamfer.h"
 #include "common/cuda_utils.cuh"
+#include "common/hash_table.h"
 #include "grid/grid.h"
 #include "grid/grid_ball_warp_cuda.cuh"
 #include "grid/grid_cuda.cuh"
 #include "neighbors/neighbors.h"
-#include "voxelize/voxelize.h"
 
 namespace pointops {
 namespace grid_cuda {
@@ -252,12 +252,12 @@ grid_crowding_count_kernel(const acc_t* __restrict__ refs, const int64_t* __rest
       unsigned long long growth = 0;
       if (sampled) {
         const double refine = ::exp2(0.5 * level);
-        uint64_t key = voxelize::fmix64(static_cast<uint64_t>(b * kCrowdingLevels + level));
+        uint64_t key = fmix64(static_cast<uint64_t>(b * kCrowdingLevels + level));
 #pragma unroll
         for (int a = 0; a < D; ++a) {
           // Finite: |p - lo| <= the extent, inv_h <= kMaxCellsPerAxis / extent.
           const double u = ::floor((static_cast<double>(p[a]) - g.lo[a]) * g.inv_h[a] * refine);
-          key = voxelize::fmix64(key ^ static_cast<uint64_t>(static_cast<int64_t>(u)));
+          key = fmix64(key ^ static_cast<uint64_t>(static_cast<int64_t>(u)));
         }
         if (key == kEmptyKey) key = 0;  // a collision of two cells only blurs the estimate
         uint64_t h = key & s.mask;
@@ -337,7 +337,7 @@ __global__ void grid_keys_kernel(const acc_t* __restrict__ queries, const acc_t*
 
 __device__ __forceinline__ void insert_cell(CellSlot* table, uint64_t mask, uint64_t key, int32_t start,
                                             int32_t end) {
-  uint64_t h = voxelize::fmix64(key) & mask;
+  uint64_t h = fmix64(key) & mask;
   // Each key is inserted once (one run per cell) into a table at most half full: a free slot is
   // always found; the bound only makes "never loops forever" true by construction.
   for (uint64_t probe = 0; probe <= mask; ++probe) {
@@ -446,7 +446,7 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   TORCH_CHECK(query_bit + 1 <= 63, "algorithm='grid': ", B, " clouds of ", M,
               " reference points need more than 64-bit cell keys");
   const int end_bit = query_bit + 1;
-  const int64_t capacity = voxelize::table_capacity(std::max<int64_t>(B * M, 1));
+  const int64_t capacity = table_capacity(std::max<int64_t>(B * M, 1));
   build.mask = static_cast<uint64_t>(capacity - 1);
   const int64_t blocks_per_cloud =
       std::min(kBoundsMaxBlocks, std::max<int64_t>(1, ceil_div<int64_t>(M, kBoundsPointsPerBlock)));
@@ -473,7 +473,7 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   const int64_t off_table = carve(capacity * static_cast<int64_t>(sizeof(CellSlot)));
   const int64_t crowd_per_cloud =
       crowding ? ceil_div<int64_t>(std::min(M, std::max(kCrowdingMinSamples, kCrowdingSamples / B)), 32) * 32 : 0;
-  const int64_t crowd_capacity = crowding ? voxelize::table_capacity(B * crowd_per_cloud * kCrowdingLevels) : 0;
+  const int64_t crowd_capacity = crowding ? table_capacity(B * crowd_per_cloud * kCrowdingLevels) : 0;
   const int64_t off_crowd_table = carve(crowd_capacity * static_cast<int64_t>(sizeof(CrowdSlot)));
   const int64_t off_crowd_sums = carve(crowding ? B * kCrowdingLevels * 8 : 0);
   const int64_t off_crowd_sampled = carve(crowding ? B * 8 : 0);

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "common/checks.h"
+#include "common/hash_table.h"
 
 #if defined(__CUDACC__)
 #define POINTOPS_HD __host__ __device__ __forceinline__
@@ -122,24 +123,7 @@ POINTOPS_HD T max_step(T acc, T x) {
   return (is_nan(x) || x > acc) && !is_nan(acc) ? x : acc;
 }
 
-// MurmurHash3's 64-bit finalizer: every key bit affects every hash bit, so neighbouring cells
-// (keys that differ by 1 or by X) spread over the table instead of forming probe runs.
-POINTOPS_HD uint64_t fmix64(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
-}
-
-// Hash table capacity: the smallest power of two >= 2 * num_points (at least 64). At most N keys
-// are ever inserted, so the table is at most half full and linear probes stay short.
-inline int64_t table_capacity(int64_t num_points) {
-  int64_t capacity = 64;
-  while (capacity < 2 * num_points) capacity <<= 1;
-  return capacity;
-}
+// fmix64 and table_capacity: common/hash_table.h.
 
 // ---- Checks shared by the CPU and CUDA launchers (mirrored by the Python fake kernels) ----
 

@@ -115,7 +115,7 @@ HostGrid<acc_t, D> build(const std::vector<acc_t>& q, const std::vector<acc_t>& 
     int64_t end = s + 1;
     while (end < B * M && keys[g.order[end]] == key) ++end;
     g.max_run = std::max(g.max_run, end - s);
-    uint64_t h = voxelize::fmix64(key) & g.mask;
+    uint64_t h = fmix64(key) & g.mask;
     while (g.table[h].key != kEmptyKey) h = (h + 1) & g.mask;
     g.table[h] = CellSlot{key, static_cast<int32_t>(s), static_cast<int32_t>(end)};
   }
