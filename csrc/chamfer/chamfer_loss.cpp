@@ -112,11 +112,6 @@ c10::optional<c10::string_view> batch_reduction_name(BatchReduction br) {
 
 OptionalTensor optional_of(const at::Tensor& t) { return t.defined() ? OptionalTensor(t) : OptionalTensor(); }
 
-struct CloudFactors {
-  std::vector<double> weight;                 // w[b], or empty for 1
-  std::vector<int64_t> lengths, partner_lengths;  // empty: every cloud full
-};
-
 std::vector<double> to_doubles(const at::Tensor& t) {
   if (!t.defined()) return {};
   const at::Tensor d = as_type(t.detach(), at::kDouble).contiguous();
@@ -129,32 +124,36 @@ std::vector<int64_t> to_longs(const OptionalTensor& t) {
   return std::vector<int64_t>(l.const_data_ptr<int64_t>(), l.const_data_ptr<int64_t>() + l.numel());
 }
 
-// d value[b] / d dist[b, i] before the point's own sqrt factor: the weight over the count ("mean").
-double cloud_scale(const CloudFactors& f, int64_t b, int64_t n, bool mean) {
-  double scale = f.weight.empty() ? 1.0 : f.weight[b];
-  if (mean && !f.lengths.empty()) scale /= static_cast<double>(std::max<int64_t>(f.lengths[b], 1));
-  else if (mean && n > 0) scale /= static_cast<double>(n);
-  return scale;
-}
+// The per-cloud numbers of the CPU loops: the weights, and both clouds' lengths, which each
+// direction's DirectionFactors (chamfer_loss.h, shared with the CUDA kernels) reads by pointer.
+struct CpuFactors {
+  std::vector<double> weight;                 // w[b], or empty for 1
+  std::vector<int64_t> x_lengths, y_lengths;  // empty: every cloud full
 
-bool partner_empty(const CloudFactors& f, int64_t b, int64_t partner_size) {
-  return f.partner_lengths.empty() ? partner_size == 0 : f.partner_lengths[b] == 0;
-}
+  double weight_of(int64_t b) const { return weight.empty() ? 1.0 : weight[b]; }
+  // The direction whose queries are x (from_x) or y; n its query count, partner_n the other's.
+  DirectionFactors direction(bool from_x, int64_t n, int64_t partner_n, bool mean) const {
+    const std::vector<int64_t>& own = from_x ? x_lengths : y_lengths;
+    const std::vector<int64_t>& partner = from_x ? y_lengths : x_lengths;
+    return DirectionFactors{own.empty() ? nullptr : own.data(), partner.empty() ? nullptr : partner.data(), n,
+                            partner_n, mean};
+  }
+};
 
 // Adds one direction's per-cloud values to v.
-void add_direction_cpu(const at::Tensor& dist, const CloudFactors& f, int64_t partner_size, bool mean, bool squared,
+void add_direction_cpu(const at::Tensor& dist, const DirectionFactors& f, const CpuFactors& c, bool squared,
                        std::vector<double>& v) {
   const int64_t B = dist.size(0), n = dist.size(1);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dist.scalar_type(), "chamfer_distance_cpu", [&] {
     const scalar_t* d = dist.const_data_ptr<scalar_t>();  // the kernel's output: contiguous
     for (int64_t b = 0; b < B; ++b) {
-      if (partner_empty(f, b, partner_size)) continue;  // PyTorch3D: such a direction contributes 0
+      if (f.partner_empty(b)) continue;  // PyTorch3D: such a direction contributes 0
       double sum = 0;  // padding holds 0
       for (int64_t i = 0; i < n; ++i) {
         const double di = static_cast<double>(d[b * n + i]);
         sum += squared ? di : std::sqrt(di);
       }
-      v[b] += sum * cloud_scale(f, b, n, mean);
+      v[b] += sum * (c.weight_of(b) * f.inverse_count(b));
     }
   });
 }
@@ -176,17 +175,16 @@ at::Tensor chamfer_distance_loss_cpu(const at::Tensor& dist1, const OptionalTens
   const BatchReduction br = parse_batch_reduction(batch_reduction);
   check_chamfer_distance_loss_shapes(dist1, dist2, num_y);
   const int64_t B = dist1.size(0);
-  const CloudFactors fx{to_doubles(defined_or_empty(weights)), to_longs(x_lengths), to_longs(y_lengths)};
+  const CpuFactors c{to_doubles(defined_or_empty(weights)), to_longs(x_lengths), to_longs(y_lengths)};
   std::vector<double> v(B, 0.0);
-  add_direction_cpu(dist1.contiguous(), fx, num_y, mean, squared, v);
+  add_direction_cpu(dist1.contiguous(), c.direction(true, dist1.size(1), num_y, mean), c, squared, v);
   if (dist2.has_value() && dist2->defined()) {
-    const CloudFactors fy{fx.weight, fx.partner_lengths, fx.lengths};
-    add_direction_cpu(dist2->contiguous(), fy, dist1.size(1), mean, squared, v);
+    add_direction_cpu(dist2->contiguous(), c.direction(false, num_y, dist1.size(1), mean), c, squared, v);
   }
   if (br != BatchReduction::None) {
     double total = 0;
     for (double value : v) total += value;
-    v.assign(1, total / batch_divisor(fx.weight, br, B));
+    v.assign(1, total / batch_divisor(c.weight, br, B));
   }
   at::Tensor out = br == BatchReduction::None ? at::empty({B}, dist1.options()) : at::empty({}, dist1.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dist1.scalar_type(), "chamfer_distance_cpu", [&] {
@@ -208,17 +206,17 @@ std::vector<double> grad_values(const at::Tensor& g) {
 }
 
 // The gradient of the loss with respect to one direction's kernel distances, (B, n), on the CPU.
-at::Tensor cpu_direction_grad(const std::vector<double>& gv, const at::Tensor& dist, const CloudFactors& f,
-                              int64_t partner_size, bool mean, BatchReduction br, bool squared) {
+at::Tensor cpu_direction_grad(const std::vector<double>& gv, const at::Tensor& dist, const DirectionFactors& f,
+                              const CpuFactors& c, BatchReduction br, bool squared) {
   const int64_t B = dist.size(0), n = dist.size(1);
-  const double g_all = br == BatchReduction::None ? 0.0 : gv[0] / batch_divisor(f.weight, br, B);
+  const double g_all = br == BatchReduction::None ? 0.0 : gv[0] / batch_divisor(c.weight, br, B);
   at::Tensor grad = at::empty_like(dist, at::MemoryFormat::Contiguous);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dist.scalar_type(), "chamfer_distance_backward_cpu", [&] {
     const scalar_t* d = dist.const_data_ptr<scalar_t>();
     scalar_t* out = grad.data_ptr<scalar_t>();
     for (int64_t b = 0; b < B; ++b) {
       // padding and points of an empty partner have index -1: the backward op skips them
-      const double gb = (br == BatchReduction::None ? gv[b] : g_all) * cloud_scale(f, b, n, mean);
+      const double gb = (br == BatchReduction::None ? gv[b] : g_all) * (c.weight_of(b) * f.inverse_count(b));
       for (int64_t i = 0; i < n; ++i) {
         double gi = gb;
         if (!squared) {  // d sqrt(d) / dd = 1 / (2 sqrt(d)) where d > 0; 1 at d = 0 (its 2 (x - y) is 0)
@@ -243,14 +241,15 @@ std::tuple<at::Tensor, at::Tensor> chamfer_distance_backward_cpu(
   const BatchReduction br = parse_batch_reduction(batch_reduction);
   const bool single = !(dist2.has_value() && dist2->defined());
   check_chamfer_distance_backward_shapes(grad, x, y, dist1, idx1, dist2, idx2, br);
-  const CloudFactors fx{to_doubles(defined_or_empty(weights)), to_longs(x_lengths), to_longs(y_lengths)};
+  const CpuFactors c{to_doubles(defined_or_empty(weights)), to_longs(x_lengths), to_longs(y_lengths)};
   const std::vector<double> g = grad_values(grad);
+  const int64_t N = x.size(1), M = y.size(1);
   auto [grad_x, grad_y] = nearest_neighbor_backward_op(
-      cpu_direction_grad(g, dist1.contiguous(), fx, y.size(1), mean, br, squared), x, y, idx1, norm);
+      cpu_direction_grad(g, dist1.contiguous(), c.direction(true, N, M, mean), c, br, squared), x, y, idx1, norm);
   if (!single) {
-    const CloudFactors fy{fx.weight, fx.partner_lengths, fx.lengths};
     auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(
-        cpu_direction_grad(g, dist2->contiguous(), fy, x.size(1), mean, br, squared), y, x, *idx2, norm);
+        cpu_direction_grad(g, dist2->contiguous(), c.direction(false, M, N, mean), c, br, squared), y, x, *idx2,
+        norm);
     grad_x.add_(grad_x2);
     grad_y.add_(grad_y2);
   }
