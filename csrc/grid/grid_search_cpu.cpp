@@ -511,20 +511,39 @@ void run_grid_search(const scalar_t* p1, const scalar_t* p2, const int64_t* leng
   });
 }
 
+// What both launchers set up after the op's own checks: the dimension and K checks, contiguous
+// inputs, the lengths' pointers and the (B, N, K) outputs.
+struct GridCall {
+  at::Tensor q, r, dists, idx;
+  const int64_t* lengths1;  // or nullptr
+  const int64_t* lengths2;
+};
+
+GridCall prepare_grid_call(const char* op, const at::Tensor& p1, const at::Tensor& p2, const at::Tensor& lengths1,
+                           const at::Tensor& lengths2, int64_t K) {
+  const int64_t dim = p1.size(2);
+  TORCH_CHECK(grid_supports_dim(dim), "algorithm='grid' needs points of dimension 2 or 3, got D = ", dim);
+  TORCH_CHECK(K >= 1, op, ": K must be at least 1, got ", K);
+  GridCall c;
+  c.dists = at::empty({p1.size(0), p1.size(1), K}, p1.options());
+  c.idx = at::empty({p1.size(0), p1.size(1), K}, p1.options().dtype(at::kLong));
+  c.q = p1.contiguous();
+  c.r = p2.contiguous();
+  c.lengths1 = lengths1.defined() ? lengths1.data_ptr<int64_t>() : nullptr;
+  c.lengths2 = lengths2.defined() ? lengths2.data_ptr<int64_t>() : nullptr;
+  return c;
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> knn_grid_cpu(const at::Tensor& p1, const at::Tensor& p2,
                                                 const at::Tensor& lengths1, const at::Tensor& lengths2, int64_t K,
                                                 Metric metric, bool zero_unmatched) {
+  const GridCall call = prepare_grid_call("knn_grid_cpu", p1, p2, lengths1, lengths2, K);
+  const at::Tensor &q = call.q, &r = call.r, &dists = call.dists, &idx = call.idx;
+  const int64_t *l1 = call.lengths1, *l2 = call.lengths2;
   const int64_t B = p1.size(0), N = p1.size(1), M = p2.size(1), dim = p1.size(2);
-  TORCH_CHECK(grid_supports_dim(dim), "algorithm='grid' needs points of dimension 2 or 3, got D = ", dim);
-  TORCH_CHECK(K >= 1, "knn_grid_cpu: K must be at least 1, got ", K);
-  auto dists = at::empty({B, N, K}, p1.options());
-  auto idx = at::empty({B, N, K}, p1.options().dtype(at::kLong));
   if (B * N == 0) return {dists, idx};
-  const auto q = p1.contiguous(), r = p2.contiguous();
-  const int64_t* l1 = lengths1.defined() ? lengths1.data_ptr<int64_t>() : nullptr;
-  const int64_t* l2 = lengths2.defined() ? lengths2.data_ptr<int64_t>() : nullptr;
   // Points per cell: a cell costs a hash probe (or a step of a row walk) and its bounds, a point one
   // distance, so cells hold several. Measured (1 thread, 200k x 200k K = 1; 20k x 20k K = 4, 16, 64):
   // 2 per cell is ~20% slower than 6; 4-16 are within noise; for K > 4, ~1.5 K per cell.
@@ -578,15 +597,11 @@ std::tuple<at::Tensor, at::Tensor> knn_grid_cpu(const at::Tensor& p1, const at::
 std::tuple<at::Tensor, at::Tensor> ball_query_grid_cpu(const at::Tensor& p1, const at::Tensor& p2,
                                                        const at::Tensor& lengths1, const at::Tensor& lengths2,
                                                        int64_t K, double radius) {
+  const GridCall call = prepare_grid_call("ball_query_grid_cpu", p1, p2, lengths1, lengths2, K);
+  const at::Tensor &q = call.q, &r = call.r, &dists = call.dists, &idx = call.idx;
+  const int64_t *l1 = call.lengths1, *l2 = call.lengths2;
   const int64_t B = p1.size(0), N = p1.size(1), M = p2.size(1), dim = p1.size(2);
-  TORCH_CHECK(grid_supports_dim(dim), "algorithm='grid' needs points of dimension 2 or 3, got D = ", dim);
-  TORCH_CHECK(K >= 1, "ball_query_grid_cpu: K must be at least 1, got ", K);
-  auto dists = at::empty({B, N, K}, p1.options());
-  auto idx = at::empty({B, N, K}, p1.options().dtype(at::kLong));
   if (B * N == 0) return {dists, idx};
-  const auto q = p1.contiguous(), r = p2.contiguous();
-  const int64_t* l1 = lengths1.defined() ? lengths1.data_ptr<int64_t>() : nullptr;
-  const int64_t* l2 = lengths2.defined() ? lengths2.data_ptr<int64_t>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p1.scalar_type(), "ball_query_grid_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const acc_t r2 = squared_radius<acc_t>(radius);

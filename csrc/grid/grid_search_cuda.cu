@@ -540,28 +540,33 @@ void check_grid_sizes(const char* op, const at::Tensor& p1, const at::Tensor& p2
               " x (", N, " + ", M, ")");
 }
 
-double points_per_cell_override(double fallback) {
-  const char* text = std::getenv("POINTOPS_GRID_POINTS_PER_CELL");
+// The debugging overrides of the cell-size rules (this file's header): the number in environment
+// variable `name` when it is set and positive (or 0, where allow_zero), else fallback.
+double env_override(const char* name, double fallback, bool allow_zero) {
+  const char* text = std::getenv(name);
   if (text == nullptr || text[0] == '\0') return fallback;
   const double value = std::atof(text);
-  return value > 0 ? value : fallback;
+  return value > 0 || (allow_zero && value == 0) ? value : fallback;
 }
 
-// POINTOPS_GRID_CROWDING: the crowding refinement's target in units of points_per_cell; 0 turns it
-// off.
-double crowding_override(double fallback) {
-  const char* text = std::getenv("POINTOPS_GRID_CROWDING");
-  if (text == nullptr || text[0] == '\0') return fallback;
-  const double value = std::atof(text);
-  return value >= 0 ? value : fallback;
-}
+// What both launchers set up after the op's own checks: the grid's size checks, the inputs in the
+// compute type (half types search in float32: converted once, exactly, and the distances rounded
+// once at the end) and the (B, N, K) outputs.
+struct GridCall {
+  at::ScalarType compute_type;
+  at::Tensor q, r, dists, idx;
+};
 
-// POINTOPS_GRID_BALL_CELL: the ball query's smallest cell edge in radii (default 1).
-double ball_cell_override(double fallback) {
-  const char* text = std::getenv("POINTOPS_GRID_BALL_CELL");
-  if (text == nullptr || text[0] == '\0') return fallback;
-  const double value = std::atof(text);
-  return value > 0 ? value : fallback;
+GridCall prepare_grid_call(const char* op, const at::Tensor& p1, const at::Tensor& p2, int64_t K) {
+  check_grid_sizes(op, p1, p2);
+  TORCH_CHECK(K >= 1, op, ": K must be >= 1, got ", K);
+  GridCall c;
+  c.compute_type = p1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  c.q = p1.to(c.compute_type).contiguous();
+  c.r = p2.to(c.compute_type).contiguous();
+  c.dists = at::empty({p1.size(0), p1.size(1), K}, c.q.options());
+  c.idx = at::empty({p1.size(0), p1.size(1), K}, c.q.options().dtype(at::kLong));
+  return c;
 }
 
 template <typename acc_t, int D>
@@ -670,23 +675,20 @@ std::tuple<at::Tensor, at::Tensor> knn_grid_cuda(const at::Tensor& p1, const at:
                                                  const at::Tensor& lengths1, const at::Tensor& lengths2, int64_t K,
                                                  Metric metric, bool zero_unmatched) {
   using namespace grid_cuda;
-  check_grid_sizes("knn_points", p1, p2);
-  TORCH_CHECK(K >= 1, "knn_points: K must be >= 1, got ", K);
   const c10::cuda::CUDAGuard guard(p1.device());
+  const GridCall call = prepare_grid_call("knn_points", p1, p2, K);
+  const at::Tensor &q = call.q, &r = call.r, &dists = call.dists, &idx = call.idx;
+  const at::ScalarType compute_type = call.compute_type;
   const int64_t B = p1.size(0), N = p1.size(1), dim = p1.size(2);
-  // Half types compute in float32: converted once (exactly), searched, rounded once at the end.
-  const auto compute_type = p1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const auto q = p1.to(compute_type).contiguous(), r = p2.to(compute_type).contiguous();
-  auto dists = at::empty({B, N, K}, q.options());
-  auto idx = at::empty({B, N, K}, q.options().dtype(at::kLong));
   if (B * N == 0) return {dists.to(p1.scalar_type()), idx};
   BuildConfig cfg{};
-  cfg.points_per_cell =
-      points_per_cell_override(K == 1 ? kPointsPerCellNN : kPointsPerCellPerNeighbour * static_cast<double>(K));
+  cfg.points_per_cell = env_override("POINTOPS_GRID_POINTS_PER_CELL",
+                                     K == 1 ? kPointsPerCellNN : kPointsPerCellPerNeighbour * static_cast<double>(K),
+                                     false);
   cfg.min_cell = 0;
   // K > 1: no refinement (measured no faster on the scans), unless POINTOPS_GRID_CROWDING asks.
   const double crowding_target =
-      (K == 1 ? crowding_override(kCrowdingTarget) : crowding_override(0.0)) * cfg.points_per_cell;
+      env_override("POINTOPS_GRID_CROWDING", K == 1 ? kCrowdingTarget : 0.0, true) * cfg.points_per_cell;
   AT_DISPATCH_FLOATING_TYPES(compute_type, "knn_grid_cuda", [&] {
     using acc_t = scalar_t;
     dispatch_dim(dim, [&](auto dim_tag) {
@@ -706,19 +708,17 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, co
                                                         const at::Tensor& lengths1, const at::Tensor& lengths2,
                                                         int64_t K, double radius) {
   using namespace grid_cuda;
-  check_grid_sizes("ball_query", p1, p2);
-  TORCH_CHECK(K >= 1, "ball_query: K must be >= 1, got ", K);
   const c10::cuda::CUDAGuard guard(p1.device());
+  const GridCall call = prepare_grid_call("ball_query", p1, p2, K);
+  const at::Tensor &q = call.q, &r = call.r, &dists = call.dists, &idx = call.idx;
+  const at::ScalarType compute_type = call.compute_type;
   const int64_t B = p1.size(0), N = p1.size(1), dim = p1.size(2);
-  const auto compute_type = p1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const auto q = p1.to(compute_type).contiguous(), r = p2.to(compute_type).contiguous();
-  auto dists = at::empty({B, N, K}, q.options());
-  auto idx = at::empty({B, N, K}, q.options().dtype(at::kLong));
   if (B * N == 0) return {dists.to(p1.scalar_type()), idx};
   BuildConfig cfg{};
   // Cells of at least the radius: a query visits the <= 3^D cells within it (4^D when misaligned).
   cfg.points_per_cell = kPointsPerCellNN;
-  cfg.min_cell = ball_cell_override(1.0) * std::fabs(radius);  // finite (check_ball_query_inputs); huge: one cell
+  // finite (check_ball_query_inputs); huge: one cell
+  cfg.min_cell = env_override("POINTOPS_GRID_BALL_CELL", 1.0, false) * std::fabs(radius);
   AT_DISPATCH_FLOATING_TYPES(compute_type, "ball_query_grid_cuda", [&] {
     using acc_t = scalar_t;
     dispatch_dim(dim, [&](auto dim_tag) {
