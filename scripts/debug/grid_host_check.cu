@@ -266,6 +266,29 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
+// The kernels' arguments over a host-built grid (zero_unmatched and r2 left to the caller).
+template <typename acc_t, int D>
+SearchArgs<acc_t, D> host_search_args(const HostGrid<acc_t, D>& grid, const std::vector<acc_t>& q,
+                                      const std::vector<acc_t>& r, const std::vector<int64_t>& len1,
+                                      const std::vector<int64_t>& len2, int64_t B, int64_t N, int64_t M, int64_t K,
+                                      std::vector<acc_t>& dist, std::vector<int64_t>& idx) {
+  SearchArgs<acc_t, D> a{};
+  a.queries = q.data();
+  a.refs = r.data();
+  a.lengths1 = len1.empty() ? nullptr : len1.data();
+  a.lengths2 = len2.empty() ? nullptr : len2.data();
+  a.B = B, a.N = N, a.M = M, a.K = K;
+  a.grids = grid.grids.data();
+  a.table = grid.table.data();
+  a.mask = grid.mask;
+  a.points = grid.points.data();
+  a.order = grid.order.data();
+  a.log2_cells = grid.log2_cells;
+  a.dists = dist.data();
+  a.idx = idx.data();
+  return a;
+}
+
 int64_t g_failures = 0;
 int64_t g_cases = 0;
 
@@ -324,21 +347,9 @@ void one_case(Rng& rng, int64_t case_id, bool verbose) {
   const auto grid = build<acc_t, D>(q, r, len1, len2, B, N, M, cfg);
   std::vector<acc_t> dist(B * N * K, acc_t(-12345));
   std::vector<int64_t> idx(B * N * K, -12345);
-  SearchArgs<acc_t, D> a{};
-  a.queries = q.data();
-  a.lengths1 = len1.empty() ? nullptr : len1.data();
-  a.lengths2 = len2.empty() ? nullptr : len2.data();
-  a.B = B, a.N = N, a.M = M, a.K = K;
-  a.grids = grid.grids.data();
-  a.table = grid.table.data();
-  a.mask = grid.mask;
-  a.points = grid.points.data();
-  a.order = grid.order.data();
-  a.log2_cells = grid.log2_cells;
+  auto a = host_search_args<acc_t, D>(grid, q, r, len1, len2, B, N, M, K, dist, idx);
   a.zero_unmatched = zero_unmatched;
   a.r2 = squared_radius<acc_t>(radius);
-  a.dists = dist.data();
-  a.idx = idx.data();
   std::vector<acc_t> want_dist;
   std::vector<int64_t> want_idx;
   if (ball) {
@@ -400,19 +411,9 @@ int model(int64_t N, int64_t M, int64_t K, bool ball, double radius, double rho)
   for (const auto& slot : grid.table) occupied += slot.key != kEmptyKey;
   std::vector<acc_t> dist(N * K);
   std::vector<int64_t> idx(N * K);
-  SearchArgs<acc_t, D> a{};
-  a.queries = q.data();
-  a.B = 1, a.N = N, a.M = M, a.K = K;
-  a.grids = grid.grids.data();
-  a.table = grid.table.data();
-  a.mask = grid.mask;
-  a.points = grid.points.data();
-  a.order = grid.order.data();
-  a.log2_cells = grid.log2_cells;
+  auto a = host_search_args<acc_t, D>(grid, q, r, {}, {}, 1, N, M, K, dist, idx);
   a.zero_unmatched = true;
   a.r2 = squared_radius<acc_t>(radius);
-  a.dists = dist.data();
-  a.idx = idx.data();
   g_stats = Stats{};
   if (ball) {
     if (K <= 8) run_ball<acc_t, D, 8>(a);
@@ -518,18 +519,8 @@ int scan_model(const char* path, int stride, bool half, const std::vector<double
       h = grid.grids[0].h[0];
       std::vector<acc_t> dist(M);
       std::vector<int64_t> idx(M);
-      SearchArgs<acc_t, 3> a{};
-      a.queries = qq.data();
-      a.B = 1, a.N = M, a.M = M, a.K = 1;
-      a.grids = grid.grids.data();
-      a.table = grid.table.data();
-      a.mask = grid.mask;
-      a.points = grid.points.data();
-      a.order = grid.order.data();
-      a.log2_cells = grid.log2_cells;
+      auto a = host_search_args<acc_t, 3>(grid, qq, rr, {}, {}, 1, M, M, 1, dist, idx);
       a.zero_unmatched = true;
-      a.dists = dist.data();
-      a.idx = idx.data();
       g_stats = Stats{};
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t t = 0; t < M; t += kScanSample) knn_search_query<acc_t, 3, Metric::kSquaredL2, 1>(a, t);
