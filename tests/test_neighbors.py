@@ -504,8 +504,9 @@ def gradient_inputs(device, seed, B=2, N=6, M=9, D=3):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("algorithm", ["brute", "grid"])  # the backward reads only the indices
 @pytest.mark.parametrize("norm", [1, 2])
-def test_knn_points_gradcheck_and_gradgradcheck(device, norm):
+def test_knn_points_gradcheck_and_gradgradcheck(device, norm, algorithm):
     p1, p2 = gradient_inputs(device, seed=1)
     l1, l2 = torch.tensor([6, 4], device=device), torch.tensor([9, 5], device=device)
     # L1: no coordinate difference within eps of 0 either (|.| has a kink there)
@@ -514,17 +515,19 @@ def test_knn_points_gradcheck_and_gradgradcheck(device, norm):
         assert_stable_neighbourhoods(candidates(p1, p2, l1, l2, norm), K, 1e-3)
 
         def fn(a, b):
-            return pointops.knn_points(a, b, l1, l2, norm=norm, K=K).dists
+            return pointops.knn_points(a, b, l1, l2, norm=norm, K=K, algorithm=algorithm).dists
 
         assert torch.autograd.gradcheck(fn, (p1, p2))
         with DeterministicAlgorithms():  # CUDA: the reference gradient without atomics, so bitwise repeatable
             assert torch.autograd.gradgradcheck(fn, (p1, p2))  # L1's second derivative is 0, checked as such
     assert torch.autograd.gradcheck(
-        lambda a, b: pointops.knn_points(a, b, l1, l2, norm=norm, K=4, return_nn=True)[::2], (p1, p2))
+        lambda a, b: pointops.knn_points(a, b, l1, l2, norm=norm, K=4, return_nn=True, algorithm=algorithm)[::2],
+        (p1, p2))
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_ball_query_gradcheck_and_gradgradcheck(device):
+@pytest.mark.parametrize("algorithm", ["brute", "grid"])  # the backward reads only the indices
+def test_ball_query_gradcheck_and_gradgradcheck(device, algorithm):
     p1, p2 = gradient_inputs(device, seed=10, N=6, M=12)
     l1, l2 = torch.tensor([6, 5], device=device), torch.tensor([12, 7], device=device)
     radius = 1.6
@@ -535,7 +538,7 @@ def test_ball_query_gradcheck_and_gradgradcheck(device):
 
     for K in (3, 12):
         def fn(a, b):
-            out = pointops.ball_query(a, b, l1, l2, K=K, radius=radius)
+            out = pointops.ball_query(a, b, l1, l2, K=K, radius=radius, algorithm=algorithm)
             return out.dists, out.knn
 
         assert torch.autograd.gradcheck(fn, (p1, p2))
