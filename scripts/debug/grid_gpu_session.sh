@@ -9,15 +9,23 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_
 OUT=${OUT:-/tmp/grid_gpu_session}
 mkdir -p "$OUT"
 if [ ! -e ../shared/data ] && [ -d .data ]; then mkdir -p ../shared && ln -s "$PWD/.data" ../shared/data; fi
-probe="python scripts/debug/family_probe.py chamfer,grid,neighbors"
-# A JIT build killed half-way (a stage's timeout, the call's limit) leaves torch's lock file, and
-# every later load on this machine would wait on it for ever.
-rm -f "$HOME"/.cache/torch_extensions/*/pointops_C_cuda/lock
-# The build first, with no stage limit (321 s on the H100 machine): a timeout inside the build is
-# what strands the lock.
-echo "== build ($(date +%T))"
-POINTOPS_JIT_VERBOSE=1 $probe build 2>&1 | tee "$OUT/build.log" | tail -n 3
-STAGES=${STAGES:-"check tune time step tests"}  # also: profile ncu racecheck memcheck
+if [ "${BUILD:-jit}" = installed ]; then
+  # pointops is already built and installed (scripts/gpu_check.sh's build stage on this machine).
+  run="python"
+  run_pytest="python -m pytest -p no:cacheprovider"
+else
+  probe="python scripts/debug/family_probe.py chamfer,grid,neighbors"
+  run="$probe run"
+  run_pytest="$probe pytest"
+  # A JIT build killed half-way (a stage's timeout, the call's limit) leaves torch's lock file, and
+  # every later load on this machine would wait on it for ever.
+  rm -f "$HOME"/.cache/torch_extensions/*/pointops_C_cuda/lock
+  # The build first, with no stage limit (321 s on the H100 machine): a timeout inside the build is
+  # what strands the lock.
+  echo "== build ($(date +%T))"
+  POINTOPS_JIT_VERBOSE=1 $probe build 2>&1 | tee "$OUT/build.log" | tail -n 3
+fi
+STAGES=${STAGES:-"check tune time step tests"}  # also: racecheck memcheck profile ncu (run in this order)
 stage() {  # name, seconds, command...
   local name=$1 limit=$2
   shift 2
@@ -27,15 +35,19 @@ stage() {  # name, seconds, command...
   echo "   rc=$? ($(date +%T))"
   tail -n 25 "$OUT/$name.log"
 }
-stage profile 420 $probe run scripts/debug/grid_profile.py
-stage check 420 $probe run scripts/debug/grid_cuda_check.py check 40
-stage tune 240 $probe run scripts/debug/grid_cuda_check.py tune
-stage time 150 $probe run scripts/debug/grid_cuda_check.py time
-stage step 90 $probe run scripts/debug/chamfer_step_probe.py
-stage ncu 120 ncu --kernel-name regex:ball_grid_warp --launch-skip 2 --launch-count 1 --section SpeedOfLight \
-  --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
-  $probe run scripts/debug/grid_profile.py ball
 stage racecheck 200 compute-sanitizer --tool racecheck --kernel-name regex:ball_grid_warp --error-exitcode 1 \
-  $probe run scripts/debug/grid_cuda_check.py check 3
-stage memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 1 $probe run scripts/debug/grid_cuda_check.py check 3
-stage tests 240 $probe pytest -x -q -m cuda tests/test_grid_search.py tests/test_neighbors.py tests/test_chamfer_distance.py tests/test_chamfer.py
+  $run scripts/debug/grid_cuda_check.py check 3
+stage memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 1 $run scripts/debug/grid_cuda_check.py check 3
+stage check 420 $run scripts/debug/grid_cuda_check.py check ${CHECK_N:-40}
+stage profile 420 $run scripts/debug/grid_profile.py
+stage ncu 200 ncu --kernel-name regex:ball_grid_warp --launch-skip 2 --launch-count 1 --set full \
+  --import-source yes -f -o "$OUT/ball_warp" $run scripts/debug/grid_profile.py ball
+case " $STAGES " in *" ncu "*)  # the report's pages as text: per-line (SASS) stall samples, the details
+  ncu -i "$OUT/ball_warp.ncu-rep" --page details >"$OUT/ncu_details.txt" 2>&1
+  ncu -i "$OUT/ball_warp.ncu-rep" --page source --csv --print-source sass >"$OUT/ncu_source_sass.csv" 2>&1
+  head -c 20000 "$OUT/ncu_details.txt" ;;
+esac
+stage tune 240 $run scripts/debug/grid_cuda_check.py tune
+stage time 150 $run scripts/debug/grid_cuda_check.py time
+stage step 90 $run scripts/debug/chamfer_step_probe.py
+stage tests 240 $run_pytest -x -q -m cuda tests/test_grid_search.py tests/test_neighbors.py tests/test_chamfer_distance.py tests/test_chamfer.py
