@@ -182,10 +182,10 @@ def test_ball_query_grid_crowded_balls(device):
 
 
 @requires_cuda
-@pytest.mark.parametrize("target", ["8", "96", "1000"])
+@pytest.mark.parametrize("target", ["0", "8", "96", "1000"])
 def test_crowding_refinement_cuda(target, monkeypatch):
-    """The CUDA grid's crowding refinement (POINTOPS_GRID_CROWDING; off by default until measured)
-    changes only the cell size, so the grid still equals brute force bit for bit: clouds that crowd
+    """The CUDA grid's crowding refinement (POINTOPS_GRID_CROWDING: 96 by default for K = 1, 0 turns
+    it off) changes only the cell size, so the grid still equals brute force bit for bit: clouds that crowd
     (a LiDAR-like ground plane with rings, clusters with duplicates) and one that does not, K = 1 and
     K = 8 (which the variable turns on too), ragged."""
     monkeypatch.setenv("POINTOPS_GRID_CROWDING", target)

@@ -210,7 +210,7 @@ def fixed_cases():
 def run_checks(n_random):
     print(f"== checks: fixed cases, then {n_random} random ones (grid vs brute, bit for bit)")
     for name, q, r, l1, l2 in fixed_cases():
-        for K, Kb, radius, norm in [(1, 64, 0.1, 2), (16, 500, 0.05, 1), (64, 7, 1e9, 2)]:
+        for K, Kb, radius, norm in [(1, 64, 0.1, 2), (16, 500, 0.05, 1), (64, 7, 1e9, 2), (8, 16, 0.2, 2)]:
             desc = f"fixed '{name}' {str(q.dtype)[6:]} {tuple(q.shape)} {tuple(r.shape)} K={K} Kb={Kb} r={radius}"
             to = lambda t: None if t is None else t.to(DEV)  # noqa: E731
             run_case(desc, to(q), to(r), to(l1), to(l2), K, Kb, radius, norm)
@@ -328,6 +328,47 @@ def run_timings():
     print("\n".join(["", "summary:"] + ROWS))
 
 
+def ddp_shapes(count, points, seed=0):
+    """examples/ddp_chamfer.py's training data (spheres and tori, points on their surfaces)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "ddp_chamfer", Path(__file__).resolve().parents[2] / "examples" / "ddp_chamfer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_shapes(count, points, torch.Generator().manual_seed(seed), torch.float32)[1]
+
+
+def run_auto():
+    """The data behind grid_pays_cuda's K = 1 rule: chamfer brute vs grid (crowding off and at the
+    targets in TUNE_CROWDING) vs "auto" over sizes, on uniform clouds and on surfaces (the DDP
+    example's spheres and tori, against a noisy copy: a generator part-way through training), every
+    grid result checked against brute force bit for bit."""
+    print("== auto: chamfer (both directions) grid vs brute by data and size", torch.cuda.get_device_name())
+    g = torch.Generator(device=DEV).manual_seed(4)
+    targets = [int(v) for v in os.environ.get("TUNE_CROWDING", "96").split(",")]
+    for kind in ("uniform", "surface"):
+        for B, n in ((128, 8192), (64, 8192), (8, 8192), (16, 4096), (4, 16384), (8, 16384), (1, 65536),
+                     (4, 65536), (1, 262144)):
+            if kind == "uniform":
+                y = torch.rand(B, n, 3, generator=g, device=DEV)
+            else:
+                y = ddp_shapes(B, n, seed=B * n).to(DEV)
+            x = y + 0.01 * torch.randn(y.shape, generator=g, device=DEV)
+            want = ops.chamfer(x, y, algorithm="brute")
+            tb = timed(lambda: ops.chamfer(x, y, algorithm="brute"), repeat=5)
+            cells = []
+            for target in [0] + targets:
+                os.environ["POINTOPS_GRID_CROWDING"] = str(target)
+                ok = verify(ops.chamfer(x, y, algorithm="grid"), want)
+                FAILURES.extend([] if ok else [f"auto {kind} {B} {n} crowding {target}"])
+                t = timed(lambda: ops.chamfer(x, y, algorithm="grid"))
+                cells.append(f"crowding {target:3d} {t:8.3f} ms ({tb / t:5.2f}x){'' if ok else ' MISMATCH'}")
+            os.environ.pop("POINTOPS_GRID_CROWDING", None)
+            ta = timed(lambda: ops.chamfer(x, y, algorithm="auto"))
+            print(f"{kind:8s} B={B:3d} n={n:6d}: brute {tb:8.3f} ms | " + " | ".join(cells) + f" | auto {ta:8.3f} ms",
+                  flush=True)
+
+
 def run_crossover():
     print("== crossover: nearest_neighbor one direction, uniform D=3 float (auto would take the grid where pays=1)")
     g = torch.Generator(device=DEV).manual_seed(1)
@@ -418,6 +459,8 @@ if __name__ == "__main__":
         run_timings()
     if what == "crossover":
         run_crossover()
+    if what == "auto":
+        run_auto()
     if what == "sweep":
         run_sweep()
     if what == "tune":
