@@ -17,15 +17,18 @@
 // the set brute force tests positive, each distance computed by the same function; the first K of
 // that set in index order are brute force's K slots.
 //
+// Early exit: brute force stops at the K-th point inside the ball; a query whose cells hold many
+// more candidates than it needs (a radius wide for the density) visits them in windows of
+// reference indices instead: each cell's run is in index order, so the lanes binary-search where
+// each run crosses the window's end, scan that slice, and stop once the buffer holds K hits (none
+// of the later candidates can be among the K smallest). The first window is sized to hold about 8 K
+// candidates, ~1.2-2.8 K hits; each next one doubles. (Only for queries whose cells fit one batch of
+// 32 lanes, the normal case with cells of edge r; otherwise all candidates are scanned.)
+//
 // Fallback per query, decided from the looked-up run lengths: when the cells within the radius hold
 // more than a quarter of the cloud's references (a radius comparable to the cloud, or everything
 // in a few cells), the grid saves nothing; the warp then scans the references in index order, 32
-// at a time, and stops at the K-th point inside, which is brute force's own early exit. This rule
-// is too permissive where the cells hold thousands of candidates but well under a quarter of the
-// cloud: brute force's early exit then comes much sooner (measured on the H100: the grid 2-20x
-// slower at such radii, benchmarks/RESULTS.md). A rule like C^2 > 5 K m would catch those, but
-// also sends queries just outside a dense cluster (C large, nothing inside) to a scan of the whole
-// cloud; not measured, so not taken.
+// at a time, and stops at the K-th point inside, which is brute force's own early exit.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +42,10 @@ namespace grid_cuda {
 constexpr int kBallWarpThreads = 128;  // 4 queries per block
 constexpr int kBallWarps = kBallWarpThreads / 32;
 constexpr int64_t kBallWarpMaxK = 128;
+// The first index window of the early-exit visit holds about kWindowCandidates K of the query's
+// candidates: a ball fills ~15% (3-D) to ~35% (2-D) of its 3^D box of cells of edge r, so ~1.2-2.8 K
+// hits are expected in it.
+constexpr int64_t kWindowCandidates = 8;
 
 #if defined(__CUDACC__)
 
@@ -160,8 +167,9 @@ __device__ void ball_search_query_warp(const SearchArgs<acc_t, D>& a, int64_t t,
     } else {
       int count = 0;
       int32_t limit = std::numeric_limits<int32_t>::max();
-      for (int64_t base = 0; base < n_cells; base += 32) {
-        if (base > 0) look_up(base, start, len);  // the first batch's runs are still in registers
+      // Runs [start, start + len) of the lanes' cells: their candidates, laid end to end by a warp
+      // scan, are tested 32 at a time; hits are appended to the buffer.
+      auto scan_runs = [&](int32_t start, int32_t len) {
         int32_t incl = len;  // inclusive scan of the run lengths over the lanes
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -203,6 +211,41 @@ __device__ void ball_search_query_warp(const SearchArgs<acc_t, D>& a, int64_t t,
           }
           count += __popc(mask);
           __syncwarp();
+        }
+      };
+      // Expected hits per candidate: at least the ball's share of the 3^D box of cells of edge r.
+      // A window of kWindowCandidates K expected candidates should hold ~K hits, often more.
+      const int64_t window = n_cells <= 32 && candidates > 0
+                                 ? ceil_div<int64_t>(m_valid * kWindowCandidates * K, candidates)
+                                 : m_valid;
+      if (window >= m_valid) {
+        for (int64_t base = 0; base < n_cells; base += 32) {
+          if (base > 0) look_up(base, start, len);  // the first batch's runs are still in registers
+          scan_runs(start, len);
+        }
+      } else {
+        // One batch of cells (each lane one run), visited in windows of reference indices [0, w),
+        // then [w, 2 w), [2 w, 4 w), ...: every run is in index order (the stable sort), so once the
+        // buffer holds K hits below the window's end, no later candidate can be among the K
+        // smallest. Brute force's early exit, restricted to the cells within the radius.
+        int32_t pos = start;
+        const int32_t run_end = start + len;
+        for (int64_t w_end = window;; w_end = std::min<int64_t>(m_valid, 2 * w_end)) {
+          int32_t cut = run_end;  // the first position of the run at or above w_end
+          if (w_end < m_valid) {
+            int32_t lo_pos = pos;
+            while (lo_pos < cut) {
+              const int32_t mid = lo_pos + (cut - lo_pos) / 2;
+              if (a.points[mid].idx < w_end) {
+                lo_pos = mid + 1;
+              } else {
+                cut = mid;
+              }
+            }
+          }
+          scan_runs(pos, cut - pos);
+          pos = cut;
+          if (count >= K || w_end >= m_valid) break;
         }
       }
       // Rank every entry; the K smallest go to their slots in index order.

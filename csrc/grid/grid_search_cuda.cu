@@ -202,13 +202,13 @@ grid_bounds_kernel(const acc_t* __restrict__ refs, const int64_t* __restrict__ l
 constexpr int kCrowdingLevels = 6;           // cell sizes h0, h0 / sqrt(2), ..., h0 / 2^2.5 (0.18 h0)
 constexpr int64_t kCrowdingSamples = 32768;  // sampled references, all clouds together
 constexpr int64_t kCrowdingMinSamples = 256; // per cloud, at least
-// In units of points_per_cell (POINTOPS_GRID_CROWDING). 0: off by default. A first version of this
-// pass (per-sample atomics, 8 extra key bits, every K) was measured on the H100: KITTI 3.0x -> 5.7x
-// brute force at 48, nuScenes 4.1x -> 14.2x at 96, but 0.2-0.4 ms more per build on uniform clouds
-// and slower K = 16 on the scans (benchmarks/RESULTS.md). This version (warp-aggregated sums, 4
-// extra key bits, K = 1 only) has not run on a GPU yet; it stays off until it has been measured and
-// its test (test_grid_search.py::test_crowding_refinement_cuda) has passed there.
-constexpr double kCrowdingTarget = 0.0;
+// In units of points_per_cell (POINTOPS_GRID_CROWDING; 0 turns it off), K = 1 only. Measured on the
+// H100 (benchmarks/RESULTS.md, `grid_cuda_check.py tune`, every result bitwise equal to brute force):
+// nuScenes chamfer 4.0x -> 14.7x brute force at 96 (12.1x at 192, 9.1x at 48), KITTI 3.0x -> 4.8x at
+// 96 (6.0x at 48, 2.9x at 24), uniform 1M x 1M 1.51 -> 1.62 ms (the sample pass). K > 1 keeps the
+// density rule: on the scans K = 16 got no faster or much slower at most targets (nuScenes 14.4 ms
+// at 0, 75.9 at 24, 14.1 at 96).
+constexpr double kCrowdingTarget = 96.0;
 constexpr int kCrowdingKeyBits = 4;          // extra key bits: up to 16x the cells (finer levels are capped)
 
 struct alignas(16) CrowdSlot {
