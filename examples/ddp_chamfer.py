@@ -61,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--save", metavar="PATH", help="rank 0 writes the final state_dict here (torch.save)")
     p.add_argument("--time", action="store_true", help="print the median step time after --warmup steps")
     p.add_argument("--warmup", type=int, default=10, help="steps left out of --time")
+    p.add_argument("--algorithm", choices=["auto", "brute", "grid"], default="auto",
+                   help="chamfer_distance's nearest-neighbour search (default: auto)")
     args = p.parse_args(argv)
     for name in ("steps", "points", "hidden", "batches"):
         if getattr(args, name) < 1:
@@ -214,7 +216,7 @@ def train(args):
             # A sum-reduced loss would come out W times too small, and unequal shards would weight
             # the samples of the smaller shards more.
             loss, _ = pointops.chamfer_distance(model(codes), targets, batch_reduction="mean",
-                                                point_reduction="mean")
+                                                point_reduction="mean", algorithm=args.algorithm)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP's allreduce of the gradients overlaps with this backward
             optimizer.step()
@@ -238,7 +240,8 @@ def train(args):
             if rank == 0:
                 print(f"step time: median {median * 1e3:.3f} ms over {len(timed)} steps after {args.warmup} "
                       f"warm-up (slowest rank), {args.batch / median:.1f} samples/s; world size {world_size}, "
-                      f"global batch {args.batch}, {args.points} points, {args.dtype}, {device_name(device)}"
+                      f"global batch {args.batch}, {args.points} points, {args.dtype}, algorithm {args.algorithm}, "
+                      f"{device_name(device)}"
                       f"{f' ({args.backend})' if distributed else ''}", flush=True)
 
         if args.save and rank == 0:

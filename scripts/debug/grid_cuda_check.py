@@ -341,31 +341,30 @@ def ddp_shapes(count, points, seed=0):
 def run_auto():
     """The data behind grid_pays_cuda's K = 1 rule: chamfer brute vs grid (crowding off and at the
     targets in TUNE_CROWDING) vs "auto" over sizes, on uniform clouds and on surfaces (the DDP
-    example's spheres and tori, against a noisy copy: a generator part-way through training), every
-    grid result checked against brute force bit for bit."""
+    example's spheres and tori) against queries near them or in a blob at the origin, every grid
+    result checked against brute force bit for bit."""
     print("== auto: chamfer (both directions) grid vs brute by data and size", torch.cuda.get_device_name())
     g = torch.Generator(device=DEV).manual_seed(4)
     targets = [int(v) for v in os.environ.get("TUNE_CROWDING", "96").split(",")]
-    for kind in ("uniform", "surface"):
-        for B, n in ((128, 8192), (64, 8192), (8, 8192), (16, 4096), (4, 16384), (8, 16384), (1, 65536),
-                     (4, 65536), (1, 262144)):
-            if kind == "uniform":
-                y = torch.rand(B, n, 3, generator=g, device=DEV)
-            else:
-                y = ddp_shapes(B, n, seed=B * n).to(DEV)
-            x = y + 0.01 * torch.randn(y.shape, generator=g, device=DEV)
+    # (name, queries' noise): a surface against a copy 0.01 off (late in training), 0.1 off (early),
+    # and against a blob at the origin (an untrained generator's output).
+    for kind, noise in (("uniform", 0.01), ("surface", 0.01), ("surface", 0.1), ("blob", 0.05)):
+        for B, n in ((128, 8192), (64, 8192), (8, 8192), (16, 4096), (4, 16384), (1, 65536), (1, 262144)):
+            y = torch.rand(B, n, 3, generator=g, device=DEV) if kind == "uniform" else ddp_shapes(B, n, B * n).to(DEV)
+            x = noise * torch.randn(y.shape, generator=g, device=DEV) + (0 if kind == "blob" else y)
+            label = f"{kind} {noise:g}"
             want = ops.chamfer(x, y, algorithm="brute")
             tb = timed(lambda: ops.chamfer(x, y, algorithm="brute"), repeat=5)
             cells = []
             for target in [0] + targets:
                 os.environ["POINTOPS_GRID_CROWDING"] = str(target)
                 ok = verify(ops.chamfer(x, y, algorithm="grid"), want)
-                FAILURES.extend([] if ok else [f"auto {kind} {B} {n} crowding {target}"])
-                t = timed(lambda: ops.chamfer(x, y, algorithm="grid"))
+                FAILURES.extend([] if ok else [f"auto {label} {B} {n} crowding {target}"])
+                t = timed(lambda: ops.chamfer(x, y, algorithm="grid"), repeat=5, warmup=1)
                 cells.append(f"crowding {target:3d} {t:8.3f} ms ({tb / t:5.2f}x){'' if ok else ' MISMATCH'}")
             os.environ.pop("POINTOPS_GRID_CROWDING", None)
-            ta = timed(lambda: ops.chamfer(x, y, algorithm="auto"))
-            print(f"{kind:8s} B={B:3d} n={n:6d}: brute {tb:8.3f} ms | " + " | ".join(cells) + f" | auto {ta:8.3f} ms",
+            ta = timed(lambda: ops.chamfer(x, y, algorithm="auto"), repeat=5, warmup=1)
+            print(f"{label:13s} B={B:3d} n={n:6d}: brute {tb:8.3f} ms | " + " | ".join(cells) + f" | auto {ta:8.3f} ms",
                   flush=True)
 
 
@@ -401,7 +400,7 @@ def run_tune():
     target (POINTOPS_GRID_CROWDING; the values from TUNE_CROWDING, comma-separated) on the real
     scans and the uniform cloud, the ball query's cell edge in radii (POINTOPS_GRID_BALL_CELL), and
     ball_query grid vs brute over radii and sizes (the data for grid_pays_cuda's ball rule; skipped
-    with TUNE_BALL=0)."""
+    with TUNE_BALL=0; TUNE_EDGES picks the cell edges)."""
     print("== tune", torch.cuda.get_device_name(), "torch", torch.__version__)
     g = torch.Generator(device=DEV).manual_seed(3)
     clouds = {name: (scan[None].to(DEV), rigid_motion(scan[None].to(DEV))) for name, scan in lidar_scans().items()}
@@ -429,7 +428,7 @@ def run_tune():
         return
     p1, p2 = torch.rand(8, 16384, 3, generator=g, device=DEV), torch.rand(8, 16384, 3, generator=g, device=DEV)
     want = ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="brute")[:2]
-    for edge in (0.5, 0.7, 1.0, 1.4, 2.0):
+    for edge in [float(v) for v in os.environ.get("TUNE_EDGES", "0.5,0.7,1.0,1.4,2.0").split(",")]:
         os.environ["POINTOPS_GRID_BALL_CELL"] = str(edge)
         ok = verify(ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="grid")[:2], want)
         t = timed(lambda: ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="grid"), repeat=30)

@@ -29,7 +29,7 @@ else
   echo "== build ($(date +%T))"
   POINTOPS_JIT_VERBOSE=1 $probe build 2>&1 | tee "$LOGS/build.log" | tail -n 3
 fi
-STAGES=${STAGES:-"check tune time step tests"}  # also: racecheck memcheck profile ncu auto (run in file order)
+STAGES=${STAGES:-"check tune time step tests"}  # also: racecheck memcheck profile ncu auto; they run in file order
 stage() {  # name, seconds, command...
   local name=$1 limit=$2
   shift 2
@@ -43,6 +43,7 @@ stage racecheck 200 compute-sanitizer --tool racecheck --kernel-name regex:ball_
   $run scripts/debug/grid_cuda_check.py check 3
 stage memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 1 $run scripts/debug/grid_cuda_check.py check 3
 stage check 420 $run scripts/debug/grid_cuda_check.py check ${CHECK_N:-40}
+stage tests 240 $run_pytest -x -q -m cuda tests/test_grid_search.py tests/test_neighbors.py tests/test_chamfer_distance.py tests/test_chamfer.py
 stage profile 420 $run scripts/debug/grid_profile.py
 stage ncu 200 ncu --kernel-name regex:ball_grid_warp --launch-skip 2 --launch-count 1 --set full \
   --import-source yes -f -o "$LOGS/ball_warp" $run scripts/debug/grid_profile.py ball
@@ -55,4 +56,3 @@ stage tune 240 $run scripts/debug/grid_cuda_check.py tune
 stage auto 240 $run scripts/debug/grid_cuda_check.py auto
 stage time 150 $run scripts/debug/grid_cuda_check.py time
 stage step 90 $run scripts/debug/chamfer_step_probe.py
-stage tests 240 $run_pytest -x -q -m cuda tests/test_grid_search.py tests/test_neighbors.py tests/test_chamfer_distance.py tests/test_chamfer.py
