@@ -43,6 +43,8 @@ bool grid_supports_dim(int64_t dim);
 // sync); documented in README and measured in benchmarks/RESULTS.md.
 bool grid_pays_cpu(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K);
 bool grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K);
+// The same for ball_query on CUDA (its own measured rule; the CPU ball query stays brute force).
+bool ball_grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K);
 
 // The searches. Inputs are checked by the caller (the op's check_* function): p1 (B, N, D) queries,
 // p2 (B, M, D) references, same floating dtype and device, D = 2 or 3; lengths1 / lengths2 (B,)

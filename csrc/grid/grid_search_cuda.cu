@@ -652,11 +652,33 @@ void launch_ball(const SearchArgs<acc_t, D>& a) {
 // force's shared-memory tiles and a few queries never amortise sorting M references. The rule sees
 // sizes only: a cloud packed into a few tight clusters makes the grid a slower brute force
 // (measured 1.2x brute force: 256k x 256k in 4 clusters, 44.0 vs 36.2 ms).
+//
+// K = 1 (nearest_neighbor, chamfer, chamfer_distance) also needs reference clouds of >= 64Ki points:
+// its queries are often another cloud that may lie far from the references (a generator's output
+// early in training), and a query far from every reference visits ~(d / h)^3 mostly empty cells.
+// Measured on the H100 (grid_cuda_check.py auto, chamfer both directions, examples/ddp_chamfer.py's
+// spheres and tori): against queries 0.01 off the surfaces the grid is 3.4-3.7x brute force at 64-128
+// x 8192^2, but with queries 0.1 off it is 0.58-0.65x there (0.09-0.11x at 8 x 8192^2, 4 x 16384^2),
+// and against a blob at the origin 0.04-0.16x; the DDP example's training step took 13.3 ms with the
+// grid against 5.3 ms with brute force. From 64Ki points the near cases gain 7.8-77x (surface 0.01,
+// uniform) while the far ones still lose (0.34x / 0.08x at 65536, 0.88x / 0.26x at 262144): the rule
+// cannot see the data, and large clouds near each other (registration, a scan against a map) are
+// the grid's use. A device-side choice from a sample of the queries is the fix (not built yet).
 constexpr int64_t kGridMinRefs = 8192;
+constexpr int64_t kGridMinRefsNearest = 65536;
 constexpr int64_t kGridMinQueries = 4096;
 constexpr double kGridMinPairsNearest = 1.0e9;
 constexpr double kGridMinPairsLists = 5.0e8;
 constexpr int64_t kGridMaxAutoK = 32;
+
+// ball_query ("auto"): D = 3, K <= kBallWarpMaxK (the warp kernel; the thread passes for larger K
+// measured 0.2x brute force), reference clouds of >= 16Ki points and >= 64Ki queries in all. Measured
+// on the H100 (grid_cuda_check.py tune, uniform unit cube, K = 16 and 64, r = 0.02 ... 1.0): every
+// such case 1.05-55x brute force (8 x 16384^2, 1 x 65536^2, 1 x 262144^2); smaller clouds lose to
+// the build (0.46-0.83x at 1 x 4096^2 and, K = 16, at 8 x 4096^2 and 32 x 2048^2). D = 2 and
+// clustered clouds were not measured for ball_query: brute force there.
+constexpr int64_t kBallGridMinRefs = 16384;
+constexpr int64_t kBallGridMinQueries = 65536;
 
 }  // namespace
 }  // namespace grid_cuda
@@ -667,8 +689,16 @@ bool grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K) {
   if (K < 1 || K > kGridMaxAutoK) return false;
   if (M < kGridMinRefs || B * N < kGridMinQueries) return false;
   if (B * (M + N) >= std::numeric_limits<int32_t>::max()) return false;
+  if (K == 1 && M < kGridMinRefsNearest) return false;
   const double pairs = static_cast<double>(B) * static_cast<double>(N) * static_cast<double>(M);
   return pairs >= (K == 1 ? kGridMinPairsNearest : kGridMinPairsLists);
+}
+
+bool ball_grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K) {
+  using namespace grid_cuda;
+  if (dim != 3 || K < 1 || K > kBallWarpMaxK) return false;
+  if (B * (M + N) >= std::numeric_limits<int32_t>::max()) return false;
+  return M >= kBallGridMinRefs && B * N >= kBallGridMinQueries;
 }
 
 std::tuple<at::Tensor, at::Tensor> knn_grid_cuda(const at::Tensor& p1, const at::Tensor& p2,

@@ -200,11 +200,8 @@ std::tuple<at::Tensor, at::Tensor> ball_query_cuda(const at::Tensor& p1, const a
                                                    double radius, c10::string_view algorithm) {
   const auto [len1, len2] = check_ball_query_inputs(p1, p2, lengths1, lengths2, K, radius);
   const c10::cuda::CUDAGuard guard(p1.device());
-  // "auto" keeps brute force here: on the H100 the grid measured 0.8x brute force at K = 64, r = 0.1,
-  // 8 x 16384^2 in the unit cube (1.40 vs 1.13 ms) and 0.2x at K = 500 (benchmarks/RESULTS.md);
-  // "grid" still forces it (exact either way).
-  constexpr auto never = [](int64_t, int64_t, int64_t, int64_t, int64_t) { return false; };
-  if (choose_grid(algorithm, p1.size(0), p1.size(1), p2.size(1), p1.size(2), K, +never)) {
+  // "auto": the grid where ball_grid_pays_cuda's measured rule says (grid_search_cuda.cu); exact either way.
+  if (choose_grid(algorithm, p1.size(0), p1.size(1), p2.size(1), p1.size(2), K, &ball_grid_pays_cuda)) {
     return ball_query_grid_cuda(p1, p2, len1, len2, K, radius);
   }
   const int64_t B = p1.size(0), N = p1.size(1), M = p2.size(1), dim = p1.size(2);
