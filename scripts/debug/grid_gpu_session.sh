@@ -39,7 +39,7 @@ stage() {  # name, seconds, command...
   echo "   rc=$? ($(date +%T))"
   tail -n 25 "$LOGS/$name.log"
 }
-stage racecheck 200 compute-sanitizer --tool racecheck --kernel-name regex:ball_grid_warp --error-exitcode 1 \
+stage racecheck 200 compute-sanitizer --tool racecheck --kernel-name kns=ball_grid_warp --error-exitcode 1 \
   $run scripts/debug/grid_cuda_check.py check 3
 stage memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 1 $run scripts/debug/grid_cuda_check.py check 3
 stage check 420 $run scripts/debug/grid_cuda_check.py check ${CHECK_N:-40}
