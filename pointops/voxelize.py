@@ -138,6 +138,22 @@ def _check_python_arguments(points, batch, voxel_size, point_range) -> tuple[lis
     return _floats(voxel_size, "voxel_size"), _floats(point_range, "point_range")
 
 
+_ONLY_FLOAT = {float}
+
+
+def _plain_arguments(points, batch, voxel_size, point_range) -> bool:
+    """True for the common call (tensors, sequences of Python floats), which the op takes as is.
+    One set over both sequences: the per-argument checks above cost more than the op's binding
+    on a small call (issue 19); anything else takes them."""
+    try:
+        return ((type(voxel_size) is list or type(voxel_size) is tuple)
+                and (type(point_range) is list or type(point_range) is tuple)
+                and {*map(type, voxel_size), *map(type, point_range)} == _ONLY_FLOAT
+                and isinstance(points, Tensor) and (batch is None or isinstance(batch, Tensor)))
+    except TypeError:
+        return False
+
+
 def voxelize(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, max_points_per_voxel: int,
              max_voxels: int, *, batch: Optional[Tensor] = None, padded: bool = False) -> Voxels:
     """Hard voxelization: group points into voxels of at most ``max_points_per_voxel`` points.
@@ -170,7 +186,10 @@ def voxelize(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, max_po
 
     Not differentiable (the outputs carry no gradient); use :func:`voxel_features` for gradients.
     """
-    vs, pr = _check_python_arguments(points, batch, voxel_size, point_range)
+    if _plain_arguments(points, batch, voxel_size, point_range):
+        vs, pr = voxel_size, point_range
+    else:
+        vs, pr = _check_python_arguments(points, batch, voxel_size, point_range)
     if not (type(max_points_per_voxel) is int and type(max_voxels) is int and max(max_points_per_voxel, max_voxels)
             <= _INT64_MAX):  # plain ints in range (the lower bounds are the op's checks): nothing to convert
         max_points_per_voxel = _int(max_points_per_voxel, "max_points_per_voxel")
@@ -202,7 +221,10 @@ def voxel_features(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, 
     Raises:
         As :func:`voxelize` for the shared arguments; RuntimeError for an unknown ``reduce``.
     """
-    vs, pr = _check_python_arguments(points, batch, voxel_size, point_range)
+    if _plain_arguments(points, batch, voxel_size, point_range):
+        vs, pr = voxel_size, point_range
+    else:
+        vs, pr = _check_python_arguments(points, batch, voxel_size, point_range)
     return VoxelFeatures(*torch.ops.pointops.voxel_features(points, batch, vs, pr, reduce))
 
 
