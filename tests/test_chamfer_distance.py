@@ -511,6 +511,15 @@ def test_fused_pieces_refuse_bad_arguments(device):
         backward(g.expand(3), x, y, d1, i1, d2, i2, xl, yl, None, "mean", "mean", 2, True)
     with pytest.raises(RuntimeError, match="grad must hold one value per cloud without a batch reduction"):
         backward(g, x, y, d1, i1, d2, i2, xl, yl, None, "mean", None, 2, True)
+    if device == "cpu":  # CUDA skips such an index in the kernel (checking values there would sync)
+        bad = i1.clone()
+        bad[1, 2] = 13  # one past y's last point
+        with pytest.raises(RuntimeError, match=r"_chamfer_distance_backward: idx must hold indices in \[-1, 13\), got 13"):
+            backward(g, x, y, d1, bad, d2, i2, xl, yl, None, "mean", "mean", 2, True)
+        bad = i2.clone()
+        bad[0, 0] = -2
+        with pytest.raises(RuntimeError, match=r"_chamfer_distance_backward: idx must hold indices in \[-1, 17\), got -2"):
+            backward(g, x, y, d1, i1, d2, bad, xl, yl, None, "mean", "mean", 2, True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -538,6 +547,39 @@ def test_fused_backward_matches_the_differentiable_path(device, norm, squared, b
         for fused, composed in zip(*grads):
             scale = composed.abs().max().item()
             torch.testing.assert_close(fused, composed.detach(), rtol=1e-12, atol=1e-12 * scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("norm", [1, 2])
+@pytest.mark.parametrize("single", [False, True])
+def test_fused_cpu_backward_equals_the_two_backward_ops_bitwise(dtype, norm, single):
+    # The CPU _chamfer_distance_backward computes in one pass what it used to compose: the distances'
+    # gradient (double arithmetic, rounded to the dtype once), a _nearest_neighbor_backward per
+    # direction, and their sum in the dtype. Same operations in the same order: equal bit for bit
+    # (compared as integers, so the sign of a zero counts too).
+    x, y, _, _, xl, yl = clouds("cpu", dtype=dtype, P1=17, P2=13)
+    x[0, 3] = y[0, 5]  # a zero distance: a zero gradient term
+    w = [0.5, 2.0, 1.0, 0.25]
+    d1, d2, i1, i2 = pointops.chamfer(x, y, xl, yl, norm=norm)
+    g0 = 0.7
+    divisor = sum(w)  # batch_reduction "mean" with weights
+    nn_backward = torch.ops.pointops._nearest_neighbor_backward.default
+
+    def distance_grad(own, n):  # point_reduction "mean": 1 / max(length, 1) per cloud
+        rows = [[(g0 / divisor) * (w[b] * (1.0 / max(int(own[b]), 1)))] * n for b in range(4)]
+        return torch.tensor(rows, dtype=torch.float64).to(dtype)
+
+    gx, gy = nn_backward(distance_grad(xl, 17), x, y, i1, norm)
+    if not single:
+        gy2, gx2 = nn_backward(distance_grad(yl, 13), y, x, i2, norm)
+        gx, gy = gx + gx2, gy + gy2
+    fused = torch.ops.pointops._chamfer_distance_backward.default(
+        torch.tensor(g0, dtype=torch.float64),  # float64: the kernel reads exactly g0
+        x, y, d1, i1, None if single else d2, None if single else i2, xl, yl,
+        torch.tensor(w, dtype=torch.float64), "mean", "mean", norm, True)
+    as_bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    for got, want in zip(fused, (gx, gy)):
+        assert torch.equal(got.view(as_bits), want.view(as_bits))
 
 
 @requires_cuda

@@ -8,12 +8,16 @@
 //   batch: "sum", "mean" (divided by B, or by the weights' sum: 1 when it is 0) or none ((B,)).
 // "max" (Hausdorff), normals and point_reduction=None stay in Python.
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <string>
+#include <vector>
 
+#include "chamfer/chamfer.h"
 #include "chamfer/chamfer_loss.h"
 
 namespace pointops {
@@ -205,54 +209,92 @@ std::vector<double> grad_values(const at::Tensor& g) {
   return values;
 }
 
-// The gradient of the loss with respect to one direction's kernel distances, (B, n), on the CPU.
-at::Tensor cpu_direction_grad(const std::vector<double>& gv, const at::Tensor& dist, const DirectionFactors& f,
-                              const CpuFactors& c, BatchReduction br, bool squared) {
-  const int64_t B = dist.size(0), n = dist.size(1);
+// One direction's gradient, as the two ops it replaces (the distances' gradient rounded to the
+// points' dtype, then _nearest_neighbor_backward) computed it, without their allocations and
+// dispatches (issue 19: a small call's host time). `own[q]` receives query q's term
+// g_q d'(q - r) for its neighbour r; `gathered[r]` accumulates minus the terms of the queries
+// matched to r, in increasing query order: the backward op's order, so the sums are bit for bit
+// the same. Padding and points of an empty partner have index -1 and contribute nothing.
+template <Metric metric, typename scalar_t>
+void add_direction_grads_cpu(const std::vector<double>& gv, const at::Tensor& dist, const at::Tensor& idx,
+                             const at::Tensor& queries, const at::Tensor& refs, const DirectionFactors& f,
+                             const CpuFactors& c, BatchReduction br, bool squared,
+                             at::opmath_type<scalar_t>* own, at::opmath_type<scalar_t>* gathered) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int64_t B = dist.size(0), n = dist.size(1), m = refs.size(1), dim = queries.size(2);
   const double g_all = br == BatchReduction::None ? 0.0 : gv[0] / batch_divisor(c.weight, br, B);
-  at::Tensor grad = at::empty_like(dist, at::MemoryFormat::Contiguous);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dist.scalar_type(), "chamfer_distance_backward_cpu", [&] {
-    const scalar_t* d = dist.const_data_ptr<scalar_t>();
-    scalar_t* out = grad.data_ptr<scalar_t>();
-    for (int64_t b = 0; b < B; ++b) {
-      // padding and points of an empty partner have index -1: the backward op skips them
-      const double gb = (br == BatchReduction::None ? gv[b] : g_all) * (c.weight_of(b) * f.inverse_count(b));
-      for (int64_t i = 0; i < n; ++i) {
-        double gi = gb;
-        if (!squared) {  // d sqrt(d) / dd = 1 / (2 sqrt(d)) where d > 0; 1 at d = 0 (its 2 (x - y) is 0)
-          const double di = static_cast<double>(d[b * n + i]);
-          gi = di > 0 ? gb * 0.5 / std::sqrt(di) : gb;
-        }
-        out[b * n + i] = static_cast<scalar_t>(gi);
+  const scalar_t* d = dist.const_data_ptr<scalar_t>();
+  const int64_t* nn = idx.const_data_ptr<int64_t>();
+  const scalar_t* q_pts = queries.const_data_ptr<scalar_t>();
+  const scalar_t* r_pts = refs.const_data_ptr<scalar_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const double gb = (br == BatchReduction::None ? gv[b] : g_all) * (c.weight_of(b) * f.inverse_count(b));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t q = b * n + i, j = nn[q];
+      // a hand-made index outside [-1, m) would read past the reference cloud
+      TORCH_CHECK(j >= -1 && j < m, "_chamfer_distance_backward: idx must hold indices in [-1, ", m, "), got ", j);
+      if (j < 0) continue;
+      double gi = gb;
+      if (!squared) {  // d sqrt(d) / dd = 1 / (2 sqrt(d)) where d > 0; 1 at d = 0 (its 2 (x - y) is 0)
+        const double di = static_cast<double>(d[q]);
+        gi = di > 0 ? gb * 0.5 / std::sqrt(di) : gb;
+      }
+      const acc_t g = static_cast<acc_t>(static_cast<scalar_t>(gi));
+      const int64_t r = b * m + j;
+      for (int64_t k = 0; k < dim; ++k) {
+        const acc_t term = g * distance_derivative<metric>(static_cast<acc_t>(q_pts[q * dim + k]) -
+                                                           static_cast<acc_t>(r_pts[r * dim + k]));
+        own[q * dim + k] = term;
+        gathered[r * dim + k] -= term;
       }
     }
-  });
-  return grad;
+  }
 }
 
-// _chamfer_distance_backward on the CPU: each direction's gradient with respect to its distances
-// (loops), then the nearest-neighbour backward op.
+// _chamfer_distance_backward on the CPU: both directions' terms in opmath buffers, then each
+// point's gradient as the sum of its own term and its gathered terms, each rounded first (the
+// add of two backward-op results it replaces).
 std::tuple<at::Tensor, at::Tensor> chamfer_distance_backward_cpu(
-    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& y, const at::Tensor& dist1, const at::Tensor& idx1,
-    const OptionalTensor& dist2, const OptionalTensor& idx2, const OptionalTensor& x_lengths,
+    const at::Tensor& grad, const at::Tensor& x_in, const at::Tensor& y_in, const at::Tensor& dist1,
+    const at::Tensor& idx1, const OptionalTensor& dist2, const OptionalTensor& idx2, const OptionalTensor& x_lengths,
     const OptionalTensor& y_lengths, const OptionalTensor& weights, c10::string_view point_reduction,
     c10::optional<c10::string_view> batch_reduction, int64_t norm, bool squared) {
   const bool mean = parse_point_mean(point_reduction);
   const BatchReduction br = parse_batch_reduction(batch_reduction);
+  const Metric metric = metric_from_norm(norm);
   const bool single = !(dist2.has_value() && dist2->defined());
-  check_chamfer_distance_backward_shapes(grad, x, y, dist1, idx1, dist2, idx2, br);
+  check_chamfer_distance_backward_shapes(grad, x_in, y_in, dist1, idx1, dist2, idx2, br);
   const CpuFactors c{to_doubles(defined_or_empty(weights)), to_longs(x_lengths), to_longs(y_lengths)};
   const std::vector<double> g = grad_values(grad);
+  const at::Tensor x = x_in.contiguous(), y = y_in.contiguous();
   const int64_t N = x.size(1), M = y.size(1);
-  auto [grad_x, grad_y] = nearest_neighbor_backward_op(
-      cpu_direction_grad(g, dist1.contiguous(), c.direction(true, N, M, mean), c, br, squared), x, y, idx1, norm);
-  if (!single) {
-    auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(
-        cpu_direction_grad(g, dist2->contiguous(), c.direction(false, M, N, mean), c, br, squared), y, x, *idx2,
-        norm);
-    grad_x.add_(grad_x2);
-    grad_y.add_(grad_y2);
-  }
+  at::Tensor grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor grad_y = at::empty_like(y, at::MemoryFormat::Contiguous);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "chamfer_distance_backward_cpu", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    // own_x / gathered_x, then own_y / gathered_y
+    std::vector<acc_t> acc(2 * (x.numel() + y.numel()), acc_t(0));
+    acc_t *own_x = acc.data(), *gathered_x = own_x + x.numel();
+    acc_t *own_y = gathered_x + x.numel(), *gathered_y = own_y + y.numel();
+    dispatch_metric(metric, [&](auto metric_tag) {
+      constexpr Metric kMetric = decltype(metric_tag)::value;
+      add_direction_grads_cpu<kMetric, scalar_t>(g, dist1.contiguous(), idx1.contiguous(), x, y,
+                                                 c.direction(true, N, M, mean), c, br, squared, own_x, gathered_y);
+      if (!single) {
+        add_direction_grads_cpu<kMetric, scalar_t>(g, dist2->contiguous(), idx2->contiguous(), y, x,
+                                                   c.direction(false, M, N, mean), c, br, squared, own_y, gathered_x);
+      }
+    });
+    // single direction: x has only its own terms, y only gathered ones (no add, as before)
+    auto finish = [&](scalar_t* out, const acc_t* own, const acc_t* gathered, int64_t count) {
+      for (int64_t e = 0; e < count; ++e) {
+        const scalar_t a = static_cast<scalar_t>(own[e]), b = static_cast<scalar_t>(gathered[e]);
+        out[e] = single ? (own == own_x ? a : b) : static_cast<scalar_t>(static_cast<acc_t>(a) + static_cast<acc_t>(b));
+      }
+    };
+    finish(grad_x.mutable_data_ptr<scalar_t>(), own_x, gathered_x, x.numel());
+    finish(grad_y.mutable_data_ptr<scalar_t>(), own_y, gathered_y, y.numel());
+  });
   return {grad_x, grad_y};
 }
 
