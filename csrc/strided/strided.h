@@ -220,8 +220,10 @@ void check_out(const at::Tensor& out, at::IntArrayRef shape, at::ScalarType dtyp
                std::initializer_list<const at::Tensor*> inputs, const char* op);
 bool may_overlap_internally(const at::Tensor& t);
 // The reduced dims (sorted, wrapped) of dim=None / a list; refuses out-of-range and repeated dims.
-std::vector<int64_t> reduced_dims(const at::Tensor& x, at::OptionalIntArrayRef dim);
-std::vector<int64_t> reduce_output_shape(const at::Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
+// Small vectors: these run on every reduce call, where a heap allocation is a measurable share.
+using DimList = c10::SmallVector<int64_t, 16>;
+DimList reduced_dims(const at::Tensor& x, at::OptionalIntArrayRef dim);
+DimList reduce_output_shape(const at::Tensor& x, at::IntArrayRef dims, bool keepdim);
 // matmul: a (..., n, k), b (..., k, m) -> (..., n, m) with the batch dims broadcast.
 std::vector<int64_t> check_matmul_inputs(const at::Tensor& a, const at::Tensor& b);
 

@@ -227,7 +227,8 @@ class ReduceFunction : public torch::autograd::Function<ReduceFunction> {
       y = reduce_op(x, dim, fn_name, keepdim);
     }
     ctx->saved_data["fn"] = static_cast<int64_t>(fn);
-    ctx->saved_data["dims"] = reduced_dims(x, dim);
+    const DimList dims = reduced_dims(x, dim);
+    ctx->saved_data["dims"] = std::vector<int64_t>(dims.begin(), dims.end());
     ctx->saved_data["x_shape"] = x.sizes().vec();
     const bool extremum = fn == ReduceFn::Max || fn == ReduceFn::Min;
     ctx->save_for_backward({fn != ReduceFn::Sum ? x : at::Tensor(), extremum ? y : at::Tensor()});

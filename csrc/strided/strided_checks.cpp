@@ -95,9 +95,9 @@ std::vector<int64_t> broadcast_strides(const at::Tensor& t, at::IntArrayRef shap
   return s;
 }
 
-std::vector<int64_t> reduced_dims(const at::Tensor& x, at::OptionalIntArrayRef dim) {
+DimList reduced_dims(const at::Tensor& x, at::OptionalIntArrayRef dim) {
   const int64_t nd = x.dim();
-  std::vector<int64_t> dims;
+  DimList dims;
   if (!dim.has_value() || dim->empty()) {  // None, and () as in torch.sum: every dim
     dims.resize(nd);
     std::iota(dims.begin(), dims.end(), 0);
@@ -117,8 +117,8 @@ std::vector<int64_t> reduced_dims(const at::Tensor& x, at::OptionalIntArrayRef d
   return dims;
 }
 
-std::vector<int64_t> reduce_output_shape(const at::Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  std::vector<int64_t> shape;
+DimList reduce_output_shape(const at::Tensor& x, at::IntArrayRef dims, bool keepdim) {
+  DimList shape;
   for (int64_t d = 0; d < x.dim(); ++d) {
     const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
     if (!reduced) shape.push_back(x.size(d));
@@ -152,15 +152,15 @@ std::vector<int64_t> check_matmul_inputs(const at::Tensor& a, const at::Tensor& 
   return shape;
 }
 
-bool plan_reduce(const at::Tensor& x, const std::vector<int64_t>& dims, const at::Tensor& res, ReducePlan& P) {
-  std::vector<int64_t> kept_sizes, kept_x, reduced_sizes, reduced_x;
+bool plan_reduce(const at::Tensor& x, at::IntArrayRef dims, const at::Tensor& res, ReducePlan& P) {
+  DimList kept_sizes, kept_x, reduced_sizes, reduced_x;
   for (int64_t d = 0; d < x.dim(); ++d) {
     const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
     (reduced ? reduced_sizes : kept_sizes).push_back(x.size(d));
     (reduced ? reduced_x : kept_x).push_back(x.stride(d));
   }
-  return make_layout<2>(kept_sizes, {res.strides().vec(), kept_x}, P.kept) &&
-         make_layout<1>(reduced_sizes, {reduced_x}, P.reduced);
+  return make_layout<2>(kept_sizes, {res.strides().data(), kept_x.data()}, P.kept) &&
+         make_layout<1>(reduced_sizes, {reduced_x.data()}, P.reduced);
 }
 
 }  // namespace strided

@@ -21,7 +21,7 @@ struct ReducePlan {
   StridedLayout<1> reduced;
 };
 // false when either layout has more than kMaxDims dims
-bool plan_reduce(const at::Tensor& x, const std::vector<int64_t>& dims, const at::Tensor& res, ReducePlan& P);
+bool plan_reduce(const at::Tensor& x, at::IntArrayRef dims, const at::Tensor& res, ReducePlan& P);
 
 // "outer": a kept dim is the input's innermost (its stride is below the reduced dims' innermost
 // stride) and wide enough to vectorise / coalesce across outputs; else "inner".
@@ -114,12 +114,12 @@ template <ReduceInto Impl>
 at::Tensor reduce_entry(const at::Tensor& x_in, at::OptionalIntArrayRef dim, c10::string_view fn_name, bool keepdim) {
   const ReduceFn fn = parse_reduce_fn(fn_name);
   check_strided_dtype(x_in, "x");
-  const std::vector<int64_t> dims = reduced_dims(x_in, dim);
+  const DimList dims = reduced_dims(x_in, dim);
   int64_t count = 1;
   for (int64_t d : dims) count *= x_in.size(d);
   if (fn == ReduceFn::Max || fn == ReduceFn::Min) {
     TORCH_CHECK(count > 0, "reduce: fn='", std::string(fn_name), "' over zero elements has no identity: x has shape ",
-                x_in.sizes(), " and the reduced dims ", dims, " have zero size (as torch.amax / amin)");
+                x_in.sizes(), " and the reduced dims ", at::IntArrayRef(dims), " have zero size (as torch.amax / amin)");
   }
   // allocated in the returned shape (keepdim's size-1 dims included), written through a view without them
   at::Tensor result = at::empty(reduce_output_shape(x_in, dims, keepdim), x_in.options());
