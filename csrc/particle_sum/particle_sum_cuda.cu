@@ -12,6 +12,12 @@ namespace pointops {
 namespace particle_sum_cuda {
 namespace {
 
+// Up to this many targets per SM, sources that cannot be split go one target per thread. Measured
+// on an H200 (132 SMs; scripts/debug/particle_q_sweep.py, ms per call): 100,000 x 1,000 0.084 ->
+// 0.055, 480,000 x 500 0.121 -> 0.112, 480,000 x 1,500 0.331 -> 0.297; 50 sources unchanged (the
+// seed case is host-bound), 1-2 million targets x 50 slower that way (0.037 -> 0.046), hence a bound.
+constexpr int64_t kUnsplitTargetsPerSm = 4096;
+
 template <typename T>
 PairConstants<T> pair_constants(const ParticleKernelConstants& k) {
   return {gaussian_exp2_scale_as<T>(k), static_cast<T>(k.wavenumber), k.turns_hi, k.turns_lo};
@@ -49,8 +55,12 @@ void run_particle_sum(const ParticleSumProblem& p, const ParticleSumOperands& op
   const int largest = moments ? 2
                       : (generic || sizeof(T) == 8) ? 4
                       : p.kernel == ParticleKernel::Helmholtz ? 8 : 16;
-  // Few targets: the one-target-per-thread D = 3 variant, with the sources split across blocks.
-  const bool few_targets = B * M < static_cast<int64_t>(multiprocessor_count()) * kThreads * 2;
+  // The one-target-per-thread D = 3 variant: for few targets (with the sources split across blocks),
+  // and for targets up to kUnsplitTargetsPerSm per SM when the sources are too few to split
+  // (N < 2 kMinSplit), where the several-targets-per-thread variant would leave the SMs half idle.
+  const int64_t sms = multiprocessor_count();
+  const bool few_targets =
+      B * M < sms * kThreads * 2 || (p.N < 2 * kMinSplit && B * M < sms * kUnsplitTargetsPerSm);
   const auto device = op.targets.options();
   for (int64_t column = 0; column < op.real_columns;) {
     const int R = column_chunk(op.real_columns - column, p.complex_weights, largest);
