@@ -295,15 +295,16 @@ def fscore(dist1: Tensor, dist2: Tensor, threshold: float = 1e-3, x_lengths: Opt
     _check_fscore_lengths(y_lengths, "y_lengths", dist2, "dist2")
 
     def fraction(dist, lengths):
-        B, N = dist.shape
-        if lengths is None:
-            lengths = torch.full((B,), N, dtype=torch.int64, device=dist.device)
+        N = dist.shape[1]
+        if lengths is None:  # every point counts: no mask; the same count and division as below
+            count = torch.full((dist.shape[0],), float(max(N, 1)), dtype=torch.float32, device=dist.device)
+            return (dist < threshold).sum(1).to(torch.float32) / count
         hits = ((dist < threshold) & _valid_mask(lengths, N)).sum(1).to(torch.float32)
         return hits / lengths.clamp(min=1).to(torch.float32)
 
     precision = fraction(dist1, x_lengths)
     recall = fraction(dist2, y_lengths)
     denom = precision + recall
-    f = torch.where(denom > 0, 2 * precision * recall / torch.where(denom > 0, denom, torch.ones_like(denom)),
-                    torch.zeros_like(denom))
+    # 0 where p + r = 0 (the division's 0/0 there is not selected)
+    f = torch.where(denom > 0, 2 * precision * recall / denom, 0.0)
     return f, precision, recall

@@ -363,6 +363,27 @@ def test_fscore():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N, M", [(1000, 777), (0, 5), (6, 0), (1, 1)])
+def test_fscore_without_lengths_equals_full_lengths(device, N, M):
+    # Without lengths fscore skips the padding mask; full lengths take the masked path. Same counts,
+    # same float32 divisions: equal bit for bit (NaN distances, 0/0 and empty clouds included).
+    g = torch.Generator().manual_seed(N + M)
+    dist1 = (torch.rand(3, N, generator=g) * 2e-3).to(device)
+    dist2 = (torch.rand(3, M, generator=g) * 2e-3).to(device)
+    if N:
+        dist1[0, 0] = float("nan")
+        dist1[2] = 1.0  # cloud 2: no x point matched
+    if M:
+        dist2[2] = 1.0  # ... and no y point: p + r = 0
+    full = (torch.full((3,), N, device=device), torch.full((3,), M, device=device))
+    for threshold in (1e-3, 0.0, 5e-4):
+        got = pointops.fscore(dist1, dist2, threshold)
+        want = pointops.fscore(dist1, dist2, threshold, *full)
+        for a, b in zip(got, want):
+            assert a.dtype == torch.float32 and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_chamfer_function_matches_chamfer(device):
     x, y = random_clouds(2, 30, 20, 3, torch.float32, device, seed=17)
     xa, ya = x.clone().requires_grad_(), y.clone().requires_grad_()
