@@ -20,9 +20,11 @@ a uniform grid of occupied cells and searches outward from each query's cell, sk
 are provably farther than the neighbours found. Both return **bit for bit the same** distances and
 indices (same distance arithmetic, ties to the smaller index, NaN/Inf handled alike), so gradients
 are identical too. ``"auto"`` (default) takes the grid for D = 2, 3 when a cost model of the sizes
-says it pays, decided from shapes alone, never from the data (on the CPU from about N = M = 500
-for one neighbour; a handful of queries against a small cloud stays brute force; on 2 CPU cores a
-200k x 200k ``chamfer`` takes ~0.2 s on the grid, ~30 s by brute force). On CUDA: M >= 8192 and
+says it pays (on the CPU from about N = M = 500 for one neighbour; a handful of queries against a
+small cloud stays brute force; on 2 CPU cores a 200k x 200k ``chamfer`` takes ~0.2 s on the grid,
+~30 s by brute force). On the CPU the built grid is then probed with a sample of the queries, and
+a call whose queries are far from the references (a blob inside a target surface: 2-10x slower
+on the grid) goes to brute force instead. On CUDA the rule reads shapes only: M >= 8192 and
 B N >= 4096, and B N M >= 1e9 for one neighbour or >= 5e8 for knn with 2 <= K <= 32; one neighbour
 (this module's searches, ``chamfer_distance``) also needs M >= 65536 references per cloud, because
 queries far from every reference (a generator's output early in training) cost the grid far more

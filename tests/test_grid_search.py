@@ -282,6 +282,28 @@ def test_auto_equals_brute_above_the_threshold():
     assert_same(pointops.chamfer(x4, y4), pointops.chamfer(x4, y4, algorithm="brute"))
 
 
+def test_auto_hands_far_queries_back_to_brute_force_on_the_cpu():
+    # A blob of queries at the centre of a sphere of references: every query is ~1 from its
+    # neighbour, and the grid search walks thousands of empty cells per query (measured 2.8x brute
+    # force's time at these sizes, 10-14x at 20k-50k points). "auto" builds the grid, probes a sample
+    # of the queries and hands the search back to brute force; cloud 1 is near its references (the
+    # probe keeps the grid there, and decides over the whole call). Either way the results are
+    # brute force's bit for bit, lengths included.
+    g = torch.Generator().manual_seed(11)
+    sphere = torch.randn(2, 2000, 3, generator=g)
+    sphere = sphere / sphere.norm(dim=-1, keepdim=True)
+    blob = torch.randn(2, 2000, 3, generator=g) * 0.02
+    near = sphere * 1.001
+    lengths = torch.tensor([2000, 1500])
+    for x, y in ((blob, sphere), (torch.stack([blob[0], near[1]]), sphere)):
+        assert_same(pointops.chamfer(x, y), pointops.chamfer(x, y, algorithm="brute"))
+        assert_same(pointops.nearest_neighbor(x, y, lengths, lengths),
+                    pointops.nearest_neighbor(x, y, lengths, lengths, algorithm="brute"))
+        for K in (1, 4):
+            assert_same(pointops.knn_points(x, y, lengths, lengths, K=K)[:2],
+                        pointops.knn_points(x, y, lengths, lengths, K=K, algorithm="brute")[:2])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_grid_refuses_other_dimensions_and_unknown_names(device):
     for D in (1, 4):

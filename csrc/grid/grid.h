@@ -40,7 +40,8 @@ bool grid_supports_dim(int64_t dim);
 
 // Whether "auto" takes the grid for a search of B clouds, N queries and M references each, D
 // dimensions, K neighbours (K = 1 for nearest_neighbor/chamfer). Decided from sizes only (no host
-// sync); documented in README and measured in benchmarks/RESULTS.md.
+// sync); documented in README and measured in benchmarks/RESULTS.md. On the CPU knn_grid_cpu then
+// probes the data when the caller lets it decline (see below).
 bool grid_pays_cpu(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K);
 bool grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K);
 // The same for ball_query on CUDA (its own measured rule; the CPU ball query stays brute force).
@@ -55,9 +56,12 @@ bool ball_grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K
 // With K = 1 and zero_unmatched = false the (B, N, 1) result is nearest_neighbor's: a valid query
 // without a neighbour gets unmatched_distance(m_valid) (+inf for an empty cloud, NaN otherwise),
 // padded queries distance 0 and idx -1.
+// knn_grid_cpu with `declined` (the launchers' "auto"): after building the grids it may find, from a
+// probe of the data (far queries), that brute force costs less; it then searches nothing, sets
+// *declined and returns undefined tensors, and the caller runs brute force.
 std::tuple<at::Tensor, at::Tensor> knn_grid_cpu(const at::Tensor& p1, const at::Tensor& p2,
                                                 const at::Tensor& lengths1, const at::Tensor& lengths2, int64_t K,
-                                                Metric metric, bool zero_unmatched);
+                                                Metric metric, bool zero_unmatched, bool* declined = nullptr);
 std::tuple<at::Tensor, at::Tensor> knn_grid_cuda(const at::Tensor& p1, const at::Tensor& p2,
                                                  const at::Tensor& lengths1, const at::Tensor& lengths2, int64_t K,
                                                  Metric metric, bool zero_unmatched);

@@ -55,14 +55,17 @@ bool grid_supports_dim(int64_t dim) { return dim == 2 || dim == 3; }
 // only, so with more threads than clouds the build weighs more. Sizes only, no data read: a cloud
 // whose points share a few cells costs the grid about a brute-force scan plus its build (measured
 // 1.1x brute force at 20k x 20k, one cluster and 10 outliers), which "auto" cannot see.
+// (Then, with the grids built, knn_grid_cpu's probe checks the data: probe_says_brute.)
+constexpr double kBrutePairNs = 0.62, kBruteInsertNs = 90.0, kQueryNs = 250.0, kGridInsertNs = 70.0;
+
 bool grid_pays_cpu(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K) {
   if (!grid_supports_dim(dim) || B <= 0 || N <= 0 || M <= 0) return false;
   const double threads = std::max(1, at::get_num_threads());
   const double clouds = static_cast<double>(B), n = static_cast<double>(N), m = static_cast<double>(M);
   const double extra = static_cast<double>(std::max<int64_t>(K - 1, 0));
-  const double brute = clouds * n * (0.62 * m + 90.0 * extra) / threads;
+  const double brute = clouds * n * (kBrutePairNs * m + kBruteInsertNs * extra) / threads;
   const double build = clouds * m * 45.0 / std::min(threads, clouds);
-  const double grid = build + clouds * n * (250.0 + 70.0 * extra) / threads + 5000.0;
+  const double grid = build + clouds * n * (kQueryNs + kGridInsertNs * extra) / threads + 5000.0;
   return grid < brute;
 }
 
@@ -212,6 +215,10 @@ struct Query {
   acc_t box_gap[D];           // to the box of the cloud: every point is inside it
   int64_t reach = 0;          // gap[a][reach + o] holds offsets o in [-reach, reach]
   std::vector<acc_t> gap[D];  // (2 reach + 1 entries, kept between queries; refilled per ring)
+  // The work a search did (hash probes, points scanned) and the most it may do before giving up
+  // (knn_query returns -1): what "auto"'s probe reads (see probe_says_brute).
+  int64_t finds = 0, scanned = 0;
+  int64_t budget = std::numeric_limits<int64_t>::max();
 
   acc_t offset_gap(int a, int64_t o) const { return gap[a][reach + o]; }
 };
@@ -294,7 +301,7 @@ C10_ALWAYS_INLINE acc_t beyond_ring_bound(const GridGeometry& geo, int64_t r, co
 // probe finds the first (one per empty cell before it), the others follow in memory.
 template <int D, typename acc_t, typename Skip, typename Visit>
 C10_ALWAYS_INLINE void for_each_shell_cell(const CloudGrid<acc_t>& g, int64_t r, const Query<D, acc_t>& s,
-                                           const Skip& skip, const Visit& visit) {
+                                           int64_t& finds, const Skip& skip, const Visit& visit) {
   const GridGeometry& geo = g.geo;
   int64_t lo[D], hi[D];
   for (int a = 0; a < D; ++a) {
@@ -311,6 +318,7 @@ C10_ALWAYS_INLINE void for_each_shell_cell(const CloudGrid<acc_t>& g, int64_t r,
         o[0] = end;
         if (end < lo[0] || end > hi[0] || skip(o)) continue;
         const int64_t c = g.find(base + end);
+        ++finds;
         if (c >= 0) visit(o, c);
       }
       return;
@@ -319,7 +327,7 @@ C10_ALWAYS_INLINE void for_each_shell_cell(const CloudGrid<acc_t>& g, int64_t r,
     while (first <= last && (o[0] = first, skip(o))) ++first;
     while (last > first && (o[0] = last, skip(o))) --last;
     int64_t c = -1;
-    for (int64_t x = first; x <= last && c < 0; ++x) c = g.find(base + x);
+    for (int64_t x = first; x <= last && c < 0; ++x, ++finds) c = g.find(base + x);
     for (; c >= 0 && c < cells && g.keys[c] <= base + last; ++c) {
       o[0] = g.keys[c] - base;
       if (!skip(o)) visit(o, c);  // the bound tightens while the row is searched
@@ -343,7 +351,8 @@ C10_ALWAYS_INLINE acc_t cell_bound(const Query<D, acc_t>& s, const int64_t* o) {
 
 constexpr int64_t kScanChunk = 16;
 
-// knn: the L best references by (distance, index) into bd/bi (sorted); returns how many were found.
+// knn: the L best references by (distance, index) into bd/bi (sorted); returns how many were found,
+// or -1 when the search did more than s.budget work (a ring at a time; the probe's budget only).
 template <int D, Metric metric, typename acc_t>
 C10_ALWAYS_INLINE int64_t knn_query(const CloudGrid<acc_t>& g, Query<D, acc_t>& s, int64_t L, acc_t* bd,
                                     int64_t* bi) {
@@ -358,7 +367,8 @@ C10_ALWAYS_INLINE int64_t knn_query(const CloudGrid<acc_t>& g, Query<D, acc_t>& 
     auto skip = [&](const int64_t* o) POINTOPS_CLONE_BODY {
       return found == L && provably_farther_host(cell_bound<D, metric>(s, o), kd);
     };
-    for_each_shell_cell(g, r, s, skip, [&](const int64_t*, int64_t cell) POINTOPS_CLONE_BODY {
+    for_each_shell_cell(g, r, s, s.finds, skip, [&](const int64_t*, int64_t cell) POINTOPS_CLONE_BODY {
+      s.scanned += g.start[cell + 1] - g.start[cell];
       // In chunks: the distances first (branch-free, so a crowded cell scans as fast as brute
       // force's loop), the list only for the rare chunk holding a candidate.
       const acc_t* points = g.points.data();
@@ -392,6 +402,7 @@ C10_ALWAYS_INLINE int64_t knn_query(const CloudGrid<acc_t>& g, Query<D, acc_t>& 
     });
     const acc_t beyond = beyond_ring_bound<D, metric>(g.geo, r, s);
     if (beyond == inf || (found == L && provably_farther_host(beyond, kd))) return found;
+    if (s.finds + s.scanned > s.budget) return -1;
   }
 }
 
@@ -423,7 +434,7 @@ C10_ALWAYS_INLINE int64_t ball_query_one(const CloudGrid<acc_t>& g, Query<D, acc
     auto skip = [&](const int64_t* o) POINTOPS_CLONE_BODY {
       return provably_farther_host(cell_bound<D, metric>(s, o), r2);
     };
-    for_each_shell_cell(g, r, s, skip, [&](const int64_t*, int64_t cell) POINTOPS_CLONE_BODY {
+    for_each_shell_cell(g, r, s, s.finds, skip, [&](const int64_t*, int64_t cell) POINTOPS_CLONE_BODY {
       for (int64_t i = g.start[cell]; i < g.start[cell + 1]; ++i) {
         const int64_t j = g.index[i];
         if (j > cutoff) break;
@@ -452,12 +463,13 @@ struct QueryOrder {
 };
 
 // Shared driver: builds every cloud's grid, writes padded queries and queries that cannot match
-// (non-finite, or an empty grid) with empty_row, orders the others by cell, and runs
+// (non-finite, or an empty grid) with empty_row, orders the others by cell, asks go_on(grids,
+// orders) whether to search (false: returns false, nothing searched), and runs
 // search_block(b, grid, query indices, query points, count, m_valid) over blocks of them in parallel.
-template <int D, typename scalar_t, typename acc_t, typename RowFn, typename EmptyFn>
-void run_grid_search(const scalar_t* p1, const scalar_t* p2, const int64_t* lengths1, const int64_t* lengths2,
+template <int D, typename scalar_t, typename acc_t, typename RowFn, typename EmptyFn, typename GoOnFn>
+bool run_grid_search(const scalar_t* p1, const scalar_t* p2, const int64_t* lengths1, const int64_t* lengths2,
                      int64_t B, int64_t N, int64_t M, double per_cell, double min_edge, const EmptyFn& empty_row,
-                     const RowFn& search_block) {
+                     const RowFn& search_block, const GoOnFn& go_on) {
   std::vector<CloudGrid<acc_t>> grids(B);
   std::vector<QueryOrder<acc_t>> order(B);
   // One cloud per task; small clouds in one thread (a parallel region costs more than their build).
@@ -488,6 +500,7 @@ void run_grid_search(const scalar_t* p1, const scalar_t* p2, const int64_t* leng
       }
     }
   });
+  if (!go_on(grids, order)) return false;
   std::vector<int64_t> first_block(B + 1, 0);
   for (int64_t b = 0; b < B; ++b) {
     first_block[b + 1] = first_block[b] + (static_cast<int64_t>(order[b].index.size()) + kQueryBlock - 1) / kQueryBlock;
@@ -509,6 +522,57 @@ void run_grid_search(const scalar_t* p1, const scalar_t* p2, const int64_t* leng
                    lengths2 ? lengths2[b] : M);
     }
   });
+  return true;
+}
+
+// "auto", once the grids are built: whether brute force would cost less than the rest of the grid
+// search, which sizes cannot tell. A query far from its cloud (predictions in a blob inside a target
+// surface, say) walks ~(distance / edge)^D mostly empty cells, each a hash probe: measured 10-14x
+// slower than brute force at 20k-50k points per cloud. So the search runs on a sample of each
+// cloud's queries (strided in cell order, so spread over space), counting hash probes and scanned
+// points, each query stopped after kProbeBudgetRows brute-force rows of work; the counts
+// extrapolate to the cloud at measured costs per probe and per point, against grid_pays_cpu's cost
+// of brute force. The sample depends on the data only, and both paths give the same result.
+constexpr int64_t kProbeMin = 4, kProbeMax = 64, kProbeShare = 64;  // count / 64 queries, in [4, 64]
+constexpr double kProbeBudgetRows = 2.0, kProbeDeclineRatio = 1.5;
+// Fitted to single-thread runs (knn_points K = 1, a 20k-point sphere against a blob of queries at
+// its centre and against queries on a sphere of half its radius: 132 and 23 us per query, 12834 /
+// 2804 probes and 13922 / 522 points per query); a query's own cost is grid_pays_cpu's.
+constexpr double kFindNs = 8.0, kPointNs = 2.0;
+
+template <int D, Metric metric, typename acc_t>
+bool probe_says_brute(const std::vector<CloudGrid<acc_t>>& grids, const std::vector<QueryOrder<acc_t>>& orders,
+                      const int64_t* lengths2, int64_t M, int64_t K) {
+  double grid_ns = 0.0, brute_ns = 0.0;
+  Query<D, acc_t> s;
+  std::vector<acc_t> bd(K);
+  std::vector<int64_t> bi(K);
+  for (size_t b = 0; b < grids.size(); ++b) {
+    const CloudGrid<acc_t>& g = grids[b];
+    const int64_t count = static_cast<int64_t>(orders[b].index.size());
+    if (count == 0 || g.count == 0) continue;
+    const int64_t m_valid = lengths2 ? lengths2[b] : M;
+    brute_ns += static_cast<double>(count) * (kBrutePairNs * m_valid + kBruteInsertNs * (K - 1));
+    const int64_t samples = std::clamp(count / kProbeShare, std::min(count, kProbeMin), kProbeMax);
+    const int64_t L = std::min(K, g.count);
+    double work_ns = 0.0;
+    call_best_isa([&]() POINTOPS_CLONE_BODY {
+      for (int64_t t = 0; t < samples; ++t) {
+        start_query(g.geo, orders[b].points.data() + (t * count / samples) * D, s);
+        s.finds = s.scanned = 0;
+        s.budget = static_cast<int64_t>(kProbeBudgetRows * static_cast<double>(m_valid));
+        knn_query<D, metric>(g, s, L, bd.data(), bi.data());
+        work_ns += kQueryNs + kGridInsertNs * (K - 1) + kFindNs * static_cast<double>(s.finds) +
+                   kPointNs * static_cast<double>(s.scanned);
+      }
+    });
+    grid_ns += work_ns * static_cast<double>(count) / static_cast<double>(samples);
+  }
+  // Only a clear loss turns back: near the crossover the build is already paid, and the two
+  // estimates are not that precise (measured: blob 8-10x, queries inside a sphere of half the
+  // references' radius 1.4x brute force; the grid wins on uniform clouds of 500-1000 points by 4
+  // and is estimated a little above brute force there).
+  return grid_ns > kProbeDeclineRatio * brute_ns;
 }
 
 // What both launchers set up after the op's own checks: the dimension and K checks, contiguous
@@ -538,7 +602,8 @@ GridCall prepare_grid_call(const char* op, const at::Tensor& p1, const at::Tenso
 
 std::tuple<at::Tensor, at::Tensor> knn_grid_cpu(const at::Tensor& p1, const at::Tensor& p2,
                                                 const at::Tensor& lengths1, const at::Tensor& lengths2, int64_t K,
-                                                Metric metric, bool zero_unmatched) {
+                                                Metric metric, bool zero_unmatched, bool* declined) {
+  if (declined != nullptr) *declined = false;
   const GridCall call = prepare_grid_call("knn_grid_cpu", p1, p2, lengths1, lengths2, K);
   const at::Tensor &q = call.q, &r = call.r, &dists = call.dists, &idx = call.idx;
   const int64_t *l1 = call.lengths1, *l2 = call.lengths2;
@@ -567,7 +632,7 @@ std::tuple<at::Tensor, at::Tensor> knn_grid_cpu(const at::Tensor& p1, const at::
       dispatch_dim(dim, [&](auto dim_tag) {
         constexpr int D = decltype(dim_tag)::value;
         if constexpr (D == 2 || D == 3) {
-          run_grid_search<D, scalar_t, acc_t>(
+          const bool searched = run_grid_search<D, scalar_t, acc_t>(
               q.data_ptr<scalar_t>(), r.data_ptr<scalar_t>(), l1, l2, B, N, M, per_cell, 0.0,
               [&](int64_t b, int64_t i, bool valid, int64_t m_valid) {
                 write_row(b * N + i, 0, nullptr, nullptr, valid, m_valid);
@@ -586,11 +651,16 @@ std::tuple<at::Tensor, at::Tensor> knn_grid_cpu(const at::Tensor& p1, const at::
                     write_row(b * N + i, found, bd.data(), bi.data(), true, m_valid);
                   }
                 });
+              },
+              [&](const std::vector<CloudGrid<acc_t>>& grids, const std::vector<QueryOrder<acc_t>>& orders) {
+                return declined == nullptr || !probe_says_brute<D, kMetric>(grids, orders, l2, M, K);
               });
+          if (!searched) *declined = true;
         }
       });
     });
   });
+  if (declined != nullptr && *declined) return {at::Tensor(), at::Tensor()};
   return {dists, idx};
 }
 
@@ -634,7 +704,8 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cpu(const at::Tensor& p1, con
                   write_row(b * N + i, ball_query_one<D>(g, s, K, r2, buf), buf.data());
                 }
               });
-            });
+            },
+            [](const auto&, const auto&) { return true; });
       }
     });
   });

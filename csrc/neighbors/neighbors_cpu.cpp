@@ -209,7 +209,11 @@ std::tuple<at::Tensor, at::Tensor> knn_points_cpu(const at::Tensor& p1, const at
   const auto [len1, len2] = check_knn_inputs(p1, p2, lengths1, lengths2, K, norm);
   const Metric metric = metric_from_norm(norm);
   if (choose_grid(algorithm, p1.size(0), p1.size(1), p2.size(1), p1.size(2), K, &grid_pays_cpu)) {
-    return knn_grid_cpu(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true);
+    // "auto": the grid may hand the search back after probing the data (far queries)
+    bool declined = false;
+    auto [dists, idx] = knn_grid_cpu(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true,
+                                     parse_search_algorithm(algorithm) == SearchAlgorithm::kAuto ? &declined : nullptr);
+    if (!declined) return {dists, idx};
   }
   if (K == 1) {  // the nearest-neighbour search itself: knn_points(K=1) is nearest_neighbor bit for bit
     auto [dist, idx] = nearest_neighbor_direction_cpu(p1, p2, len1, len2, metric, /*zero_unmatched=*/true);
