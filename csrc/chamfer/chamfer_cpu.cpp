@@ -119,8 +119,6 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_search_cpu(const at::Tensor&
   return nearest_neighbor_direction_cpu(x, y, x_len, y_len, metric, false);
 }
 
-bool is_auto(c10::string_view algorithm) { return parse_search_algorithm(algorithm) == SearchAlgorithm::kAuto; }
-
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cpu(const at::Tensor& x, const at::Tensor& y,
                                                         const c10::optional<at::Tensor>& x_lengths,
                                                         const c10::optional<at::Tensor>& y_lengths,
@@ -128,7 +126,7 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cpu(const at::Tensor& x, con
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
   const Metric metric = metric_from_norm(norm);
   const bool grid = choose_grid(algorithm, x.size(0), x.size(1), y.size(1), x.size(2), 1, &grid_pays_cpu);
-  return nearest_neighbor_search_cpu(x, y, x_len, y_len, metric, grid, is_auto(algorithm));
+  return nearest_neighbor_search_cpu(x, y, x_len, y_len, metric, grid, grid_may_decline(algorithm));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cpu(
@@ -140,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cpu(
   // each direction decides on its own sizes ("grid" forces both)
   const bool grid1 = choose_grid(algorithm, B, N, M, dim, 1, &grid_pays_cpu);
   const bool grid2 = choose_grid(algorithm, B, M, N, dim, 1, &grid_pays_cpu);
-  const bool may_decline = is_auto(algorithm);
+  const bool may_decline = grid_may_decline(algorithm);
   auto [dist1, idx1] = nearest_neighbor_search_cpu(x, y, x_len, y_len, metric, grid1, may_decline);
   auto [dist2, idx2] = nearest_neighbor_search_cpu(y, x, y_len, x_len, metric, grid2, may_decline);
   return {dist1, dist2, idx1, idx2};

@@ -285,15 +285,24 @@ std::tuple<at::Tensor, at::Tensor> chamfer_distance_backward_cpu(
                                                    c.direction(false, M, N, mean), c, br, squared, own_y, gathered_x);
       }
     });
-    // single direction: x has only its own terms, y only gathered ones (no add, as before)
+    // Each point: its own term plus its gathered terms, each rounded first. With one direction x
+    // has only its own terms and y only gathered ones, taken as they are (no add, as before).
     auto finish = [&](scalar_t* out, const acc_t* own, const acc_t* gathered, int64_t count) {
       for (int64_t e = 0; e < count; ++e) {
         const scalar_t a = static_cast<scalar_t>(own[e]), b = static_cast<scalar_t>(gathered[e]);
-        out[e] = single ? (own == own_x ? a : b) : static_cast<scalar_t>(static_cast<acc_t>(a) + static_cast<acc_t>(b));
+        out[e] = static_cast<scalar_t>(static_cast<acc_t>(a) + static_cast<acc_t>(b));
       }
     };
-    finish(grad_x.mutable_data_ptr<scalar_t>(), own_x, gathered_x, x.numel());
-    finish(grad_y.mutable_data_ptr<scalar_t>(), own_y, gathered_y, y.numel());
+    auto round = [](scalar_t* out, const acc_t* terms, int64_t count) {
+      for (int64_t e = 0; e < count; ++e) out[e] = static_cast<scalar_t>(terms[e]);
+    };
+    if (single) {
+      round(grad_x.mutable_data_ptr<scalar_t>(), own_x, x.numel());
+      round(grad_y.mutable_data_ptr<scalar_t>(), gathered_y, y.numel());
+    } else {
+      finish(grad_x.mutable_data_ptr<scalar_t>(), own_x, gathered_x, x.numel());
+      finish(grad_y.mutable_data_ptr<scalar_t>(), own_y, gathered_y, y.numel());
+    }
   });
   return {grad_x, grad_y};
 }

@@ -89,4 +89,10 @@ inline bool choose_grid(c10::string_view algorithm, int64_t B, int64_t N, int64_
   return choice == SearchAlgorithm::kAuto && grid_supports_dim(dim) && pays(B, N, M, dim, K);
 }
 
+// Whether the grid, once chosen, may hand the call back to brute force after probing the data
+// (knn_grid_cpu's `declined`): "auto" only; "grid" is the caller's explicit choice.
+inline bool grid_may_decline(c10::string_view algorithm) {
+  return parse_search_algorithm(algorithm) == SearchAlgorithm::kAuto;
+}
+
 }  // namespace pointops

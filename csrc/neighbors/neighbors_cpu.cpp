@@ -212,7 +212,7 @@ std::tuple<at::Tensor, at::Tensor> knn_points_cpu(const at::Tensor& p1, const at
     // "auto": the grid may hand the search back after probing the data (far queries)
     bool declined = false;
     auto [dists, idx] = knn_grid_cpu(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true,
-                                     parse_search_algorithm(algorithm) == SearchAlgorithm::kAuto ? &declined : nullptr);
+                                     grid_may_decline(algorithm) ? &declined : nullptr);
     if (!declined) return {dists, idx};
   }
   if (K == 1) {  // the nearest-neighbour search itself: knn_points(K=1) is nearest_neighbor bit for bit
