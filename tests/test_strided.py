@@ -702,3 +702,28 @@ def test_cuda_graph_capture_and_replay():
 
     # deterministic: no atomics in the strided kernels
     check_cuda_graph(step, refill, exact=range(5))
+
+
+@requires_cuda
+def test_cuda_graph_chunked_reductions():
+    # Reductions long enough to be split into chunks whose partials a second kernel combines (a
+    # programmatic dependent launch on Hopper): inner with <= 64 and > 64 chunks, outer (dim 0).
+    g = torch.Generator().manual_seed(4)
+    flat = torch.randn(1 << 22, generator=g).cuda()
+    tall = torch.randn(1 << 16, 64, generator=g).cuda()
+
+    def step():
+        return (strided.reduce(flat, 0, "sum"), strided.reduce(flat[: 1 << 20], 0, "max"),
+                strided.reduce(tall, 0, "sum"), strided.reduce(tall.t(), 1, "min"))
+
+    def refill(seed):
+        g = torch.Generator().manual_seed(seed)
+        for t in (flat, tall):
+            t.copy_(torch.randn(t.shape, generator=g))
+
+    check_cuda_graph(step, refill, exact=range(4))
+    want = (flat.double().sum(), flat[: 1 << 20].max(), tall.double().sum(0), tall.min(0).values)
+    for got, ref in zip(step(), want):
+        # float64 sums of float32 terms: the float32 rounding of the result, plus 2^-24 of sum |x|
+        atol = 1e-6 * (flat.abs().sum().item() if got.dim() == 0 else tall.abs().sum(0).max().item())
+        torch.testing.assert_close(got.double(), ref.double(), rtol=1e-6, atol=atol)

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 namespace pointops {
 
@@ -34,6 +35,52 @@ inline int multiprocessor_count() {
     if (cacheable) cached[device].store(count, std::memory_order_relaxed);
   }
   return count;
+}
+
+// The current device's compute capability major version, cached per device like the SM count.
+inline int compute_capability_major() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];
+  const int device = c10::cuda::current_device();
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  int major = cacheable ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (major == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    if (cacheable) cached[device].store(major, std::memory_order_relaxed);
+  }
+  return major;
+}
+
+// Programmatic dependent launch (compute capability 9.0+): a kernel launched with
+// launch_after_previous may start while the previous kernel on the stream is finishing; it must
+// call wait_for_previous_grid() before reading anything that kernel wrote. A kernel may call
+// allow_dependent_launch() once it no longer needs its SM slots for itself. On older GPUs (and in
+// code compiled for them) both are no-ops and the launch is an ordinary one.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename... KernelArgs, typename... Args>
+void launch_after_previous(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t stream,
+                           Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = compute_capability_major() >= 9 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 // A grid-stride-loop grid for `n` elements: enough blocks to fill the device, never 0.

@@ -14,7 +14,9 @@
 //     shared memory. The reduced range is split into chunks across grid.y so that about
 //     kOuterBlocks blocks run.
 // Chunk partials (inner: [output][chunk]; outer: [chunk][output]) combine in chunk order in a
-// second kernel. Sums: each thread adds a run of up to 8 terms (a vector's elements, or the rows
+// second kernel, launched as a programmatic dependent launch on Hopper (cuda_utils.cuh): it is
+// resident while the first kernel drains and waits for its writes there, instead of being launched
+// after it (the sum of all 2^25 float32 elements: 0.90x torch without, 0.91-0.92x with, two H200s). Sums: each thread adds a run of up to 8 terms (a vector's elements, or the rows
 // loaded together) pairwise in the compute type (at most 3 roundings of the run's magnitude), then
 // accumulates the run sums in float64; other fns combine element by element in the compute type.
 #include <ATen/Dispatch.h>
@@ -32,7 +34,10 @@ namespace strided {
 namespace {
 
 constexpr int64_t kInnerChunk = 16384;  // long inner reductions: at least this many elements per block,
-constexpr int64_t kInnerBlocks = 1024;  // ... in chunks until about this many blocks run
+// ... in chunks until about this many blocks run. Measured on two H200s (a sum of all 2^25 float32,
+// three runs each): 1024 blocks of 32768 elements 0.91-0.92x torch, 2048 of 16384 0.96x, 4096 of
+// 8192 0.90x.
+constexpr int64_t kInnerBlocks = 2048;
 constexpr int64_t kWarpMax = 2048;      // inner reductions up to this length: a warp per output
 constexpr int kOuterRows = 8;           // threadIdx.y extent of the outer kernel
 constexpr int64_t kOuterBlocks = 1024;  // outer reductions: chunks until about this many blocks run
@@ -113,6 +118,7 @@ __global__ void __launch_bounds__(kThreads)
   using P = Pack<T, V>;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * (kThreads / G) + threadIdx.x / G;
   const int lane = threadIdx.x % G;
+  if (chunks > 1) allow_dependent_launch();  // the combine kernel may take its SM slot now
   if (g >= groups) return;  // whole groups leave together (G = kThreads: one group per block)
   const int64_t o = g / chunks, c = g % chunks;
   int64_t ko[2];
@@ -174,6 +180,7 @@ __global__ void __launch_bounds__(kThreads)
   using Total = TotalOf<F, T>;
   using P = Pack<T, V>;
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  if (gridDim.y > 1) allow_dependent_launch();  // the combine kernel may take its SM slot now
   const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * 32 + tx) * V;
   const bool active = o0 < outputs;
   int64_t ko[2] = {0, 0};
@@ -234,6 +241,7 @@ __global__ void __launch_bounds__(kThreads)
   using Total = TotalOf<F, T>;
   const int64_t o = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / G;
   const int lane = threadIdx.x % G;
+  wait_for_previous_grid();  // the partials are the previous kernel's (a dependent launch)
   if (o >= outputs) return;  // whole groups leave together
   Total acc = R::identity();
 #pragma unroll 4
@@ -262,13 +270,12 @@ void reduce_typed(const at::Tensor& res, const at::Tensor& x, const ReducePlan& 
   auto combine = [&](const Total* pp, int64_t chunks, int64_t stride_o, int64_t stride_c) {
     if (chunks > kCombineSerialMax) {
       TORCH_CHECK(outputs < (int64_t{1} << 31), "reduce: ", outputs, " outputs exceed the CUDA grid");
-      combine_partials<F, T, kThreads><<<static_cast<unsigned>(outputs), kThreads, 0, stream>>>(
-          P.kept, o, pp, outputs, chunks, stride_o, stride_c);
+      launch_after_previous(combine_partials<F, T, kThreads>, dim3(static_cast<unsigned>(outputs)), dim3(kThreads),
+                            stream, P.kept, o, pp, outputs, chunks, stride_o, stride_c);
     } else {
-      combine_partials<F, T, 1><<<blocks(outputs), kThreads, 0, stream>>>(P.kept, o, pp, outputs, chunks, stride_o,
-                                                                         stride_c);
+      launch_after_previous(combine_partials<F, T, 1>, dim3(blocks(outputs)), dim3(kThreads), stream, P.kept, o, pp,
+                            outputs, chunks, stride_o, stride_c);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   const int ki = P.kept.ndim - 1, ri = P.reduced.ndim - 1;
   if (outer) {
