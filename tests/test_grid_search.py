@@ -304,6 +304,64 @@ def test_auto_hands_far_queries_back_to_brute_force_on_the_cpu():
                         pointops.knn_points(x, y, lengths, lengths, K=K, algorithm="brute")[:2])
 
 
+def sphere_and_blob(B, n, g, device):
+    """References on a unit sphere; queries in a blob at its centre (every query ~1 from its
+    neighbour: the grid walks thousands of empty cells) for the even clouds, 0.001 off the sphere
+    for the odd ones."""
+    sphere = torch.randn(B, n, 3, generator=g)
+    sphere = sphere / sphere.norm(dim=-1, keepdim=True)
+    queries = sphere * 1.001
+    queries[0::2] = 0.02 * torch.randn(queries[0::2].shape, generator=g)
+    return queries.to(device), sphere.to(device)
+
+
+@requires_cuda
+@pytest.mark.parametrize("scale", ["default", "0", "1e30"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_auto_probes_far_queries_on_cuda(scale, dtype, monkeypatch):
+    # Sizes above the K = 1 rule's thresholds (65536 references, 2^33 pairs), so "auto" builds the
+    # grids and probes each cloud on the device: a far cloud (a blob in a sphere) goes to brute
+    # force, a near one stays on the grid, in the same call. POINTOPS_GRID_PROBE_SCALE scales the
+    # grid's estimate: 0 gives every cloud to the grid, 1e30 every cloud to brute force, so all
+    # three ways through the merge run. Results are brute force's bit for bit, lengths included.
+    if scale != "default":
+        monkeypatch.setenv("POINTOPS_GRID_PROBE_SCALE", scale)
+    g = torch.Generator().manual_seed(23)
+    x, y = sphere_and_blob(2, 65536, g, "cuda")
+    x, y = x.to(dtype), y.to(dtype)
+    lengths1, lengths2 = torch.tensor([65536, 60000]).cuda(), torch.tensor([50000, 65536]).cuda()
+    assert_same(pointops.chamfer(x, y), pointops.chamfer(x, y, algorithm="brute"))
+    assert_same(pointops.chamfer(x, y, lengths1, lengths2), pointops.chamfer(x, y, lengths1, lengths2, algorithm="brute"))
+    assert_same(pointops.nearest_neighbor(x, y, lengths1, lengths2),
+                pointops.nearest_neighbor(x, y, lengths1, lengths2, algorithm="brute"))
+    assert_same(pointops.knn_points(x, y, lengths1, lengths2, K=1)[:2],
+                pointops.knn_points(x, y, lengths1, lengths2, K=1, algorithm="brute")[:2])
+    # a cloud with no valid queries, one with no valid references
+    empty1, empty2 = torch.tensor([0, 60000]).cuda(), torch.tensor([65536, 0]).cuda()
+    assert_same(pointops.chamfer(x, y, empty1, empty2), pointops.chamfer(x, y, empty1, empty2, algorithm="brute"))
+
+
+@requires_cuda
+def test_probed_auto_in_a_cuda_graph():
+    # The probe's choice lives on the device: "auto" captures in a CUDA graph (no host sync) and a
+    # replay after moving the queries far away (or back) chooses again.
+    from conftest import check_cuda_graph
+
+    g = torch.Generator().manual_seed(29)
+    x, y = sphere_and_blob(2, 65536, g, "cuda")
+
+    def refill(seed):
+        gen = torch.Generator().manual_seed(seed)
+        xs, ys = sphere_and_blob(2, 65536, gen, "cuda")
+        if seed % 2:
+            xs = xs.flip(0)  # the far cloud is now cloud 1
+        x.copy_(xs)
+        y.copy_(ys)
+
+    check_cuda_graph(lambda: pointops.chamfer(x, y), refill, exact=(0, 1, 2, 3))
+    assert_same(pointops.chamfer(x, y), pointops.chamfer(x, y, algorithm="brute"))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_grid_refuses_other_dimensions_and_unknown_names(device):
     for D in (1, 4):

@@ -172,5 +172,12 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cuda(const at::Ten
                                                                    const at::Tensor& x_lengths,
                                                                    const at::Tensor& y_lengths, Metric metric,
                                                                    bool zero_unmatched);
+// The same for algorithm="auto" where grid_pays_cuda says the sizes favour the grid: the grid
+// searches the clouds its probe (knn_grid_cuda's probe_choice) finds cheaper than brute force,
+// brute force the rest, in one pass of launches without a host sync. Bit for bit either search.
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_probed_cuda(const at::Tensor& x, const at::Tensor& y,
+                                                                const at::Tensor& x_lengths,
+                                                                const at::Tensor& y_lengths, Metric metric,
+                                                                bool zero_unmatched);
 
 }  // namespace pointops

@@ -49,6 +49,11 @@ struct Direction {
   acc_t* partial_dist;           // (num_splits, B, N)
   int32_t* partial_idx;          // (num_splits, B, N); -1: nothing found in that split
   bool zero_unmatched;           // queries without a neighbour report 0 (knn_points), not +inf / NaN
+  // "auto" on the grid's sizes (knn_grid_cuda's probe): clouds b with grid_choice[b] == 1 were
+  // searched on the grid; brute force skips them and the finalize kernel copies their results.
+  const uint8_t* grid_choice;    // (B,) or nullptr
+  const acc_t* grid_dist;        // (B, N) in the compute type
+  const int64_t* grid_idx;       // (B, N)
 };
 
 struct BlockCoordinates {
@@ -73,6 +78,7 @@ template <typename Dir>
 __device__ inline bool search_range(const Dir& dir, const BlockCoordinates& where, int64_t chunk_size,
                                     SearchRange& range) {
   if (where.chunk >= dir.query_chunks || blockIdx.y >= dir.num_splits) return false;
+  if (dir.grid_choice != nullptr && dir.grid_choice[where.batch] != 0) return false;  // the grid's cloud
   range.b = where.batch;
   range.n_valid = dir.query_lengths ? dir.query_lengths[range.b] : dir.num_queries;
   const int64_t m_valid = dir.ref_lengths ? dir.ref_lengths[range.b] : dir.num_refs;
@@ -228,6 +234,11 @@ __global__ void nearest_neighbor_finalize_kernel(Direction<scalar_t, at::opmath_
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t b = t / N, i = t % N;
+    if (dir.grid_choice != nullptr && dir.grid_choice[b] != 0) {  // rounded once, as the grid's own op does
+      dist[t] = static_cast<scalar_t>(dir.grid_dist[t]);
+      idx[t] = dir.grid_idx[t];
+      continue;
+    }
     const int64_t n_valid = dir.query_lengths ? dir.query_lengths[b] : N;
     const int64_t m_valid = dir.ref_lengths ? dir.ref_lengths[b] : dir.num_refs;
     if (i >= n_valid) {
@@ -256,6 +267,7 @@ struct DirectionTensors {
   at::Tensor dist, idx;
   at::Tensor partial_dist, partial_idx;
   bool zero_unmatched = false;
+  at::Tensor grid_choice, grid_dist, grid_idx;  // attach_grid_probe
 };
 
 template <typename scalar_t>
@@ -283,6 +295,11 @@ Direction<scalar_t, at::opmath_type<scalar_t>> make_direction(DirectionTensors& 
   t.partial_idx = at::empty({d.num_splits, B, N}, t.queries.options().dtype(at::kInt));
   d.partial_dist = t.partial_dist.data_ptr<acc_t>();
   d.partial_idx = t.partial_idx.data_ptr<int32_t>();
+  if (t.grid_choice.defined()) {
+    d.grid_choice = t.grid_choice.const_data_ptr<uint8_t>();
+    d.grid_dist = t.grid_dist.const_data_ptr<acc_t>();
+    d.grid_idx = t.grid_idx.const_data_ptr<int64_t>();
+  }
   return d;
 }
 
@@ -359,7 +376,34 @@ DirectionTensors make_direction_tensors(const at::Tensor& queries, const at::Ten
   return t;
 }
 
+// "auto" where the sizes favour the grid: the grid is built and probed, searches the clouds where
+// its probe says it pays, and the brute-force pass that follows (nearest_neighbor_cuda_impl)
+// searches the others and merges (no host sync; knn_grid_cuda's probe_choice).
+void attach_grid_probe(DirectionTensors& t, Metric metric) {
+  at::Tensor choice;
+  auto [dist, idx] = knn_grid_cuda(t.queries, t.refs, t.query_lengths, t.ref_lengths, /*K=*/1, metric,
+                                   t.zero_unmatched, &choice);
+  if (!choice.defined()) return;
+  t.grid_choice = choice;
+  t.grid_dist = dist;
+  t.grid_idx = idx;
+}
+
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_probed_cuda(const at::Tensor& x, const at::Tensor& y,
+                                                                const at::Tensor& x_lengths,
+                                                                const at::Tensor& y_lengths, Metric metric,
+                                                                bool zero_unmatched) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  DirectionTensors dirs[1] = {make_direction_tensors(x, y, x_lengths, y_lengths)};
+  dirs[0].zero_unmatched = zero_unmatched;
+  if (x.size(0) * x.size(1) > 0) {
+    attach_grid_probe(dirs[0], metric);
+    nearest_neighbor_cuda_impl(dirs, 1, metric);
+  }
+  return {dirs[0].dist, dirs[0].idx};
+}
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cuda(const at::Tensor& x, const at::Tensor& y,
                                                                    const at::Tensor& x_lengths,
@@ -389,6 +433,7 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cuda(const at::Tensor& x, co
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
   const Metric metric = metric_from_norm(norm);
   if (choose_grid(algorithm, x.size(0), x.size(1), y.size(1), x.size(2), 1, &grid_pays_cuda)) {
+    if (grid_may_decline(algorithm)) return nearest_neighbor_probed_cuda(x, y, x_len, y_len, metric, false);
     const c10::cuda::CUDAGuard guard(x.device());
     return nearest_neighbor_grid_cuda(x, y, x_len, y_len, metric);
   }
@@ -403,10 +448,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cuda(
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
   // each direction decides on its own sizes ("grid" forces both); brute force runs both directions
-  // in one launch, so only a mixed choice splits them
+  // in one launch. "auto": a direction the sizes give to the grid is probed per cloud, and the
+  // brute-force launch searches what the probes leave to it.
   const bool grid1 = choose_grid(algorithm, B, N, M, dim, 1, &grid_pays_cuda);
   const bool grid2 = choose_grid(algorithm, B, M, N, dim, 1, &grid_pays_cuda);
-  if (grid1 || grid2) {
+  const bool probed = grid_may_decline(algorithm);
+  if ((grid1 || grid2) && !probed) {
     auto [dist1, idx1] = grid1 ? nearest_neighbor_grid_cuda(x, y, x_len, y_len, metric)
                                : nearest_neighbor_direction_cuda(x, y, x_len, y_len, metric, false);
     auto [dist2, idx2] = grid2 ? nearest_neighbor_grid_cuda(y, x, y_len, x_len, metric)
@@ -415,7 +462,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cuda(
   }
   DirectionTensors dirs[2] = {make_direction_tensors(x, y, x_len, y_len),
                               make_direction_tensors(y, x, y_len, x_len)};
-  if (x.size(0) * (x.size(1) + y.size(1)) > 0) nearest_neighbor_cuda_impl(dirs, 2, metric);
+  if (x.size(0) * (x.size(1) + y.size(1)) > 0) {
+    if (grid1 && B * N > 0) attach_grid_probe(dirs[0], metric);
+    if (grid2 && B * M > 0) attach_grid_probe(dirs[1], metric);
+    nearest_neighbor_cuda_impl(dirs, 2, metric);
+  }
   return {dirs[0].dist, dirs[1].dist, dirs[0].idx, dirs[1].idx};
 }
 

@@ -392,6 +392,8 @@ struct SearchArgs {
   const int32_t* order;        // sorted flat indices; the queries' from position B M
   int log2_cells;
   bool zero_unmatched;         // knn K = 1: a valid query without a neighbour reports 0, not +inf / NaN
+  const uint8_t* use_grid;     // (B,) or nullptr: knn searches only the clouds marked 1 (the probe's
+                               // choice; brute force writes the others' results)
   acc_t r2;                    // ball query: squared_radius(radius)
   acc_t* dists;                // (B, N, K)
   int64_t* idx;                // (B, N, K)

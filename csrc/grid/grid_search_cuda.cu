@@ -45,7 +45,9 @@
 //
 // Debugging: POINTOPS_GRID_POINTS_PER_CELL overrides the cell-size rule's points per cell (knn),
 // POINTOPS_GRID_BALL_CELL the ball query's smallest cell edge in radii, POINTOPS_GRID_CROWDING the
-// crowding refinement's target (0: off);
+// crowding refinement's target (0: off); POINTOPS_GRID_NEAREST_MIN_REFS / _MIN_PAIRS the K = 1
+// thresholds of grid_pays_cuda; POINTOPS_GRID_PROBE_SCALE / _CHAIN / _DEBUG the far-query probe's
+// (grid_probe_kernel);
 // scripts/debug/grid_cuda_check.py compares algorithm="grid" with "brute" bit for bit and times it.
 // scripts/debug/grid_host_check.cu runs grid_cuda.cuh's functions on the CPU against brute force.
 #include <ATen/ATen.h>
@@ -55,8 +57,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <vector>
 
 #include "chamfer/chamfer.h"
 #include "common/cuda_utils.cuh"
@@ -393,7 +397,135 @@ __global__ void grid_cells_kernel(const acc_t* __restrict__ refs, int64_t B, int
 template <typename acc_t, int D, Metric metric, int KP>
 __global__ void __launch_bounds__(kSearchThreads) knn_grid_kernel(const SearchArgs<acc_t, D> a) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (t < a.B * a.N) knn_search_query<acc_t, D, metric, KP>(a, t);
+  if (t >= a.B * a.N) return;
+  if (a.use_grid != nullptr && a.use_grid[sorted_query(a, t) / a.N] == 0) return;  // brute force's cloud
+  knn_search_query<acc_t, D, metric, KP>(a, t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The far-query probe ("auto", K = 1)
+//
+// The grid's cost per query grows with its nearest distance d over the cell size h: a query finds
+// nothing until its rings reach distance d, and looks up every cell on the way, ~(2 d / h + 1)^D
+// of them (clamped to the grid), so a query far from the reference cloud (a blob of queries
+// inside a sphere of references; a generator's output early in training) costs more than brute
+// force's scan of the whole cloud. The sizes-only rule cannot see this. The probe: one warp per
+// sampled query (kProbeSamples per cloud, strided in index order) bounds d from above by the
+// nearest of (a) the points of the query's cell and its neighbours (3^D cells, one lane each, at
+// most kProbeRunPoints per cell) and (b) kProbeRefSamples references strided in index order, then
+// estimates the search as lookups of the cells of the reach box of that distance plus the points
+// they hold (the cloud's density) plus a fixed cost per query, in units of one brute-force pair.
+// Two bounds on the grid's time: the work (the estimates summed, scaled to the cloud's valid
+// queries) against brute force's n_valid x m_valid pairs, and the latency of the slowest query (its
+// lookups are a serial chain of dependent loads, and with few queries the GPU has nothing else to
+// run meanwhile) against the brute-force launch of the whole call (B N M pairs). The cloud's last
+// probe warp (the threadfence-reduction pattern) writes use_grid[b]: 1 when both bounds favour the
+// grid. The sums are integers, so the choice is deterministic; every result is exact either way.
+constexpr int kProbeSamples = 128;
+constexpr int kProbeRefSamples = 1024;
+constexpr int kProbeRunPoints = 64;
+constexpr int kProbeThreads = 256;
+constexpr int kProbeWarps = kProbeThreads / 32;
+// Costs in brute-force pairs (3.5e12 pairs/s): the grid's 1M x 1M uniform search (~50 lookups, ~80
+// points per query) and a blob of queries in a sphere of references (~10^4 lookups per query) both
+// run at ~40 pairs per lookup (H100 timings, benchmarks/RESULTS.md).
+constexpr double kProbeCostPerQuery = 300.0;
+constexpr double kProbeCostPerLookup = 40.0;
+constexpr double kProbeCostPerPoint = 10.0;
+// The latency bound: the probe's slowest sampled query (its reach box's cells) times this, against
+// the brute-force launch's pairs. Fitted on two H200s (`grid_cuda_check.py probe`, PROBE_CHAINS
+// 0,1e6,4e6,1.6e7; benchmarks/RESULTS.md): queries 0.1 off a surface (a tail of queries a few cells
+// from everything) took the grid at 4e6 and ran 0.32x / 0.66x brute force at 65536 / 262144 points;
+// 1.6e7 hands them to brute force (1.37x / 1.89x: the near direction keeps the grid) and keeps every
+// near case on the grid. ~4.6 us per lookup of the sampled maximum, which stands for the cloud's
+// (larger) true maximum. POINTOPS_GRID_PROBE_CHAIN overrides it (debugging).
+constexpr double kProbeCostPerChainedLookup = 1.6e7;
+
+// Cleared to all-ones with the build's scratch: both hold "value - 1".
+struct ProbeScratch {
+  unsigned long long* cost;       // (B,) the probe queries' estimates, summed
+  unsigned long long* not_cells;  // (B,) ~(the most cells one probe query looks up): atomicMin
+  uint32_t* done;                 // (B,) probe warps finished
+};
+
+struct ProbeCosts {
+  double per_query, per_lookup, per_point;
+  double per_chained_lookup;  // the latency bound's cost of one lookup in the slowest query's chain
+  double scale;  // the estimate is multiplied by this before the comparison (POINTOPS_GRID_PROBE_SCALE)
+};
+
+template <typename acc_t, int D, Metric metric>
+__global__ void __launch_bounds__(kProbeThreads)
+grid_probe_kernel(const SearchArgs<acc_t, D> a, ProbeScratch s, ProbeCosts costs, uint8_t* __restrict__ use_grid) {
+  constexpr acc_t kInf = std::numeric_limits<acc_t>::infinity();
+  const int lane = threadIdx.x % 32;
+  const int64_t w = blockIdx.x * static_cast<int64_t>(kProbeWarps) + threadIdx.x / 32;
+  if (w >= a.B * kProbeSamples) return;  // whole warps
+  const int64_t b = w / kProbeSamples, k = w % kProbeSamples;
+  const int64_t n_valid = a.lengths1 ? a.lengths1[b] : a.N;
+  const int64_t m_valid = a.lengths2 ? a.lengths2[b] : a.M;
+  const int64_t samples = n_valid < kProbeSamples ? n_valid : kProbeSamples;
+  const GridParams& g = a.grids[b];
+  double cost = 0, chain = 0;
+  if (k < samples && g.count > 0) {
+    const int64_t i = k * n_valid / samples;
+    acc_t q[D];
+#pragma unroll
+    for (int c = 0; c < D; ++c) q[c] = a.queries[(b * a.N + i) * D + c];
+    if (finite_point<acc_t, D>(q)) {
+      acc_t best = kInf;
+      int32_t c[3];
+      point_cell<acc_t, D>(g, q, c);
+      constexpr int kLocal = D == 3 ? 27 : 9;
+      const int32_t k3[3] = {c[0] + lane % 3 - 1, c[1] + (lane / 3) % 3 - 1, D == 3 ? c[2] + lane / 9 - 1 : 0};
+      bool inside = lane < kLocal;
+#pragma unroll
+      for (int d = 0; d < D; ++d) inside = inside && k3[d] >= 0 && k3[d] < g.dims[d];
+      if (inside) {
+        int32_t start, end;
+        find_cell(a.table, a.mask, cell_key<D>(g, b, k3, a.log2_cells), &start, &end);
+        const int32_t stop = end - start > kProbeRunPoints ? start + kProbeRunPoints : end;
+        for (int32_t p = start; p < stop; ++p) {
+          const acc_t d = point_distance<D, metric>(q, a.points[p].c);
+          if (d < best) best = d;
+        }
+      }
+      const int64_t stride = m_valid > kProbeRefSamples ? m_valid / kProbeRefSamples : 1;
+      for (int64_t j = lane; j < kProbeRefSamples && j * stride < m_valid; j += 32) {
+        const acc_t d = point_distance<D, metric>(q, a.refs + (b * a.M + j * stride) * D);
+        if (d < best) best = d;  // NaN (a non-finite reference) never is
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const acc_t other = __shfl_xor_sync(0xffffffffu, best, o);
+        best = other < best ? other : best;
+      }
+      int32_t lo[3], hi[3];
+      reach_box<acc_t, D>(g, q, reach_of<acc_t, metric>(best), lo, hi);  // +inf: the whole grid
+      double cells = 1, grid_cells = 1;
+#pragma unroll
+      for (int d = 0; d < D; ++d) {
+        cells *= static_cast<double>(hi[d] - lo[d] + 1);
+        grid_cells *= static_cast<double>(g.dims[d]);
+      }
+      cost = costs.per_query + costs.per_lookup * cells + costs.per_point * g.count * (cells / grid_cells);
+      chain = cells;
+    }
+  }
+  if (lane != 0) return;
+  if (cost > 0) atomicAdd(s.cost + b, static_cast<unsigned long long>(::fmin(cost, 1e15)));
+  if (chain > 0) atomicMin(s.not_cells + b, ~static_cast<unsigned long long>(::fmin(chain, 1e15)));
+  __threadfence();
+  // The counters start at all-ones: the first warp to finish reads 0xFFFFFFFF, i.e. "0 before me".
+  const uint32_t finished_before = atomicAdd(s.done + b, 1u) + 1u;
+  if (finished_before != static_cast<uint32_t>(kProbeSamples - 1)) return;
+  __threadfence();  // every other warp's sum is visible to the last one
+  const double sum = static_cast<double>(atomicAdd(s.cost + b, 0ull) + 1ull);
+  const double grid_cost = samples > 0 ? sum * (static_cast<double>(n_valid) / static_cast<double>(samples)) : 0.0;
+  const double brute_cost = static_cast<double>(n_valid) * static_cast<double>(m_valid);
+  const double slowest = static_cast<double>(~atomicAdd(s.not_cells + b, 0ull)) * costs.per_chained_lookup;
+  const double brute_launch = static_cast<double>(a.B) * static_cast<double>(a.N) * static_cast<double>(a.M);
+  use_grid[b] = grid_cost * costs.scale <= brute_cost && slowest * costs.scale <= brute_launch ? 1 : 0;
 }
 
 template <typename acc_t, int D, int KP>
@@ -430,12 +562,15 @@ struct GridBuild {
   GridPoint<acc_t, D>* points;
   const int32_t* order;
   int log2_cells;
+  ProbeScratch probe;  // cleared; null pointers unless asked for
 };
 
 // crowding_target > 0: the crowding refinement (knn), in points (see grid_crowding_count_kernel).
+// probe: room for grid_probe_kernel's counters in the cleared scratch.
 template <typename acc_t, int D>
 GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const at::Tensor& len1,
-                               const at::Tensor& len2, BuildConfig cfg, double crowding_target = 0) {
+                               const at::Tensor& len2, BuildConfig cfg, double crowding_target = 0,
+                               bool probe = false) {
   const int64_t B = q.size(0), N = q.size(1), M = r.size(1);
   const int64_t total = B * (M + N);
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -477,6 +612,9 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   const int64_t off_crowd_table = carve(crowd_capacity * static_cast<int64_t>(sizeof(CrowdSlot)));
   const int64_t off_crowd_sums = carve(crowding ? B * kCrowdingLevels * 8 : 0);
   const int64_t off_crowd_sampled = carve(crowding ? B * 8 : 0);
+  const int64_t off_probe_cost = carve(probe ? B * 8 : 0);
+  const int64_t off_probe_cells = carve(probe ? B * 8 : 0);
+  const int64_t off_probe_done = carve(probe ? B * 4 : 0);
   const int64_t cleared = offset;
   const int64_t off_grids = carve(B * static_cast<int64_t>(sizeof(GridParams)));
   const int64_t off_keys0 = carve(total * 8), off_keys1 = carve(total * 8);
@@ -490,6 +628,10 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   build.table = reinterpret_cast<CellSlot*>(base + off_table);
   build.grids = reinterpret_cast<GridParams*>(base + off_grids);
   build.points = reinterpret_cast<GridPoint<acc_t, D>*>(base + off_points);
+  build.probe = probe ? ProbeScratch{reinterpret_cast<unsigned long long*>(base + off_probe_cost),
+                                     reinterpret_cast<unsigned long long*>(base + off_probe_cells),
+                                     reinterpret_cast<uint32_t*>(base + off_probe_done)}
+                      : ProbeScratch{nullptr, nullptr, nullptr};
   cub::DoubleBuffer<uint64_t> keys(reinterpret_cast<uint64_t*>(base + off_keys0),
                                    reinterpret_cast<uint64_t*>(base + off_keys1));
   cub::DoubleBuffer<int32_t> values(reinterpret_cast<int32_t*>(base + off_values0),
@@ -615,6 +757,37 @@ void launch_knn(const SearchArgs<acc_t, D>& a) {
   }
 }
 
+// grid_probe_kernel: kProbeSamples warps per cloud. POINTOPS_GRID_PROBE_SCALE (debugging) multiplies
+// the grid's estimate (0: every cloud takes the grid); POINTOPS_GRID_PROBE_DEBUG=1 prints each
+// cloud's estimate and choice (a host sync per call).
+template <typename acc_t, int D, Metric metric>
+void launch_probe(const SearchArgs<acc_t, D>& a, const ProbeScratch& scratch) {
+  const ProbeCosts costs{kProbeCostPerQuery, kProbeCostPerLookup, kProbeCostPerPoint,
+                         env_override("POINTOPS_GRID_PROBE_CHAIN", kProbeCostPerChainedLookup, true),
+                         env_override("POINTOPS_GRID_PROBE_SCALE", 1.0, true)};
+  const int64_t blocks = ceil_div<int64_t>(a.B * kProbeSamples, kProbeWarps);
+  TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "algorithm='auto': too many clouds (", a.B, ")");
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  grid_probe_kernel<acc_t, D, metric><<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(
+      a, scratch, costs, const_cast<uint8_t*>(a.use_grid));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (env_override("POINTOPS_GRID_PROBE_DEBUG", 0.0, false) > 0) {
+    std::vector<unsigned long long> cost(static_cast<size_t>(a.B)), not_cells(static_cast<size_t>(a.B));
+    std::vector<uint8_t> choice(static_cast<size_t>(a.B));
+    C10_CUDA_CHECK(cudaMemcpyAsync(cost.data(), scratch.cost, a.B * 8, cudaMemcpyDeviceToHost, stream));
+    C10_CUDA_CHECK(cudaMemcpyAsync(not_cells.data(), scratch.not_cells, a.B * 8, cudaMemcpyDeviceToHost, stream));
+    C10_CUDA_CHECK(cudaMemcpyAsync(choice.data(), a.use_grid, a.B, cudaMemcpyDeviceToHost, stream));
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int64_t b = 0; b < a.B && b < 4; ++b) {
+      std::fprintf(stderr, "grid probe: cloud %lld of %lld: estimate %.4g pair units per sampled query, "
+                   "brute force %lld per query, slowest query %llu cells, brute launch %.4g, choice %s\n",
+                   static_cast<long long>(b), static_cast<long long>(a.B),
+                   static_cast<double>(cost[b] + 1ull) / kProbeSamples, static_cast<long long>(a.M), ~not_cells[b],
+                   static_cast<double>(a.B) * a.N * a.M, choice[b] ? "grid" : "brute");
+    }
+  }
+}
+
 template <typename Kernel, typename Args>
 void launch_ball_warps(Kernel kernel, const Args& a) {
   const int64_t blocks = ceil_div<int64_t>(a.B * a.N, kBallWarps);
@@ -661,9 +834,11 @@ void launch_ball(const SearchArgs<acc_t, D>& a) {
 // x 8192^2, but with queries 0.1 off it is 0.58-0.65x there (0.09-0.11x at 8 x 8192^2, 4 x 16384^2),
 // and against a blob at the origin 0.04-0.16x; the DDP example's training step took 13.3 ms with the
 // grid against 5.3 ms with brute force. From 64Ki points the near cases gain 7.8-77x (surface 0.01,
-// uniform) while the far ones still lose (0.34x / 0.08x at 65536, 0.88x / 0.26x at 262144): the rule
-// cannot see the data, and large clouds near each other (registration, a scan against a map) are
-// the grid's use. A device-side choice from a sample of the queries is the fix (not built yet).
+// uniform) while the far ones lost (0.34x / 0.08x at 65536, 0.88x / 0.26x at 262144): the rule
+// cannot see the data. Since 2026-11-26 "auto" probes each cloud on the device once the sizes pass
+// (grid_probe_kernel) and hands far clouds to brute force: at 65536 / 262144 points the blob runs
+// 0.91x / 0.99x brute force, queries 0.1 off the surfaces 1.37x / 1.89x (two H200s). At 64 x 8192
+// the blob would still run 0.73x (the build and probe cost a fixed ~0.3 ms), so the thresholds stay.
 constexpr int64_t kGridMinRefs = 8192;
 constexpr int64_t kGridMinRefsNearest = 65536;
 constexpr int64_t kGridMinQueries = 4096;
@@ -689,9 +864,10 @@ bool grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K) {
   if (K < 1 || K > kGridMaxAutoK) return false;
   if (M < kGridMinRefs || B * N < kGridMinQueries) return false;
   if (B * (M + N) >= std::numeric_limits<int32_t>::max()) return false;
-  if (K == 1 && M < kGridMinRefsNearest) return false;
+  if (K == 1 && M < env_override("POINTOPS_GRID_NEAREST_MIN_REFS", kGridMinRefsNearest, false)) return false;
   const double pairs = static_cast<double>(B) * static_cast<double>(N) * static_cast<double>(M);
-  return pairs >= (K == 1 ? kGridMinPairsNearest : kGridMinPairsLists);
+  return pairs >= (K == 1 ? env_override("POINTOPS_GRID_NEAREST_MIN_PAIRS", kGridMinPairsNearest, false)
+                          : kGridMinPairsLists);
 }
 
 bool ball_grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K) {
@@ -703,14 +879,17 @@ bool ball_grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K
 
 std::tuple<at::Tensor, at::Tensor> knn_grid_cuda(const at::Tensor& p1, const at::Tensor& p2,
                                                  const at::Tensor& lengths1, const at::Tensor& lengths2, int64_t K,
-                                                 Metric metric, bool zero_unmatched) {
+                                                 Metric metric, bool zero_unmatched, at::Tensor* probe_choice) {
   using namespace grid_cuda;
   const c10::cuda::CUDAGuard guard(p1.device());
   const GridCall call = prepare_grid_call("knn_points", p1, p2, K);
   const at::Tensor &q = call.q, &r = call.r, &dists = call.dists, &idx = call.idx;
   const at::ScalarType compute_type = call.compute_type;
   const int64_t B = p1.size(0), N = p1.size(1), dim = p1.size(2);
-  if (B * N == 0) return {dists.to(p1.scalar_type()), idx};
+  const bool probe = probe_choice != nullptr;
+  TORCH_CHECK(!probe || K == 1, "knn_grid_cuda: the probe is for K = 1, got K = ", K);
+  if (B * N == 0) return {probe ? dists : dists.to(p1.scalar_type()), idx};  // *probe_choice stays undefined
+  if (probe) *probe_choice = at::empty({B}, q.options().dtype(at::kByte));  // every entry written by the probe
   BuildConfig cfg{};
   cfg.points_per_cell = env_override("POINTOPS_GRID_POINTS_PER_CELL",
                                      K == 1 ? kPointsPerCellNN : kPointsPerCellPerNeighbour * static_cast<double>(K),
@@ -724,14 +903,21 @@ std::tuple<at::Tensor, at::Tensor> knn_grid_cuda(const at::Tensor& p1, const at:
     dispatch_dim(dim, [&](auto dim_tag) {
       constexpr int D = decltype(dim_tag)::value;
       if constexpr (D == 2 || D == 3) {
-        const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg, crowding_target);
+        const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg, crowding_target, probe);
         auto a = make_search_args<acc_t, D>(q, r, lengths1, lengths2, K, build, dists, idx);
         a.zero_unmatched = zero_unmatched;
-        dispatch_metric(metric, [&](auto metric_tag) { launch_knn<acc_t, D, decltype(metric_tag)::value>(a); });
+        dispatch_metric(metric, [&](auto metric_tag) {
+          constexpr Metric m = decltype(metric_tag)::value;
+          if (probe) {
+            a.use_grid = probe_choice->mutable_data_ptr<uint8_t>();
+            launch_probe<acc_t, D, m>(a, build.probe);
+          }
+          launch_knn<acc_t, D, m>(a);
+        });
       }
     });
   });
-  return {dists.to(p1.scalar_type()), idx};
+  return {probe ? dists : dists.to(p1.scalar_type()), idx};
 }
 
 std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, const at::Tensor& p2,

@@ -5,6 +5,7 @@ bit, then timed with CUDA events. Needs pointops built with CUDA and a GPU.
     python scripts/debug/grid_cuda_check.py check [N]    # N random cases (default 300) + the fixed ones
     python scripts/debug/grid_cuda_check.py time         # the issue's targets, real scans, adversarial
     python scripts/debug/grid_cuda_check.py crossover    # brute vs grid over sizes (grid_pays_cuda)
+    python scripts/debug/grid_cuda_check.py probe        # "auto" with the far-query probe vs brute / grid
     python scripts/debug/grid_cuda_check.py sweep        # knn times over POINTOPS_GRID_POINTS_PER_CELL
     python scripts/debug/grid_cuda_check.py tune         # crowding target, ball cell edge, ball grid vs brute
 
@@ -368,6 +369,57 @@ def run_auto():
                   flush=True)
 
 
+def probe_cases(g):
+    """(label, x queries, y references) for the far-query probe: near and far clouds, and a batch
+    whose first half is near and second half a blob at the origin (one probe choice per cloud)."""
+    for kind, noise in (("uniform", 0.01), ("surface", 0.01), ("surface", 0.1), ("blob", 0.05), ("half blob", 0.05)):
+        for B, n in ((64, 8192), (8, 8192), (16, 4096), (4, 16384), (1, 65536), (1, 262144), (1, 1 << 20)):
+            if n == 1 << 20 and kind not in ("uniform", "blob"):
+                continue
+            y = torch.rand(B, n, 3, generator=g, device=DEV) if kind == "uniform" else ddp_shapes(B, n, B * n).to(DEV)
+            x = noise * torch.randn(y.shape, generator=g, device=DEV) + (0 if kind == "blob" else y)
+            if kind == "half blob":
+                x[B // 2:] = noise * torch.randn(x[B // 2:].shape, generator=g, device=DEV)
+            yield f"{kind} {noise:g}", B, n, x, y
+
+
+def run_probe():
+    """"auto" with the far-query probe against brute force and the forced grid (chamfer, both
+    directions), with the K = 1 size thresholds lowered so that every case is probed, over values of
+    the latency bound's cost (POINTOPS_GRID_PROBE_CHAIN; PROBE_CHAINS, comma-separated); each auto
+    result checked against brute force bit for bit. POINTOPS_GRID_PROBE_DEBUG prints the probe's
+    estimates (stderr) for one call per case."""
+    print("== probe: chamfer (both directions) brute / grid / probed auto", torch.cuda.get_device_name())
+    g = torch.Generator(device=DEV).manual_seed(5)
+    os.environ["POINTOPS_GRID_NEAREST_MIN_REFS"] = os.environ.get("PROBE_MIN_REFS", "4096")
+    os.environ["POINTOPS_GRID_NEAREST_MIN_PAIRS"] = os.environ.get("PROBE_MIN_PAIRS", "1e7")
+    chains = os.environ.get("PROBE_CHAINS", "").split(",") if os.environ.get("PROBE_CHAINS") else [None]
+    for label, B, n, x, y in probe_cases(g):
+        big = B * n >= 1 << 20
+        want = ops.chamfer(x, y, algorithm="brute")
+        tb = timed(lambda: ops.chamfer(x, y, algorithm="brute"), repeat=2 if big else 5, warmup=1)
+        far = "blob" in label or "0.1" in label
+        tg = float("nan") if (big and far) else timed(lambda: ops.chamfer(x, y, algorithm="grid"), repeat=3, warmup=1)
+        print(f"PROBE {label:13s} B={B:3d} n={n:7d}: brute {tb:9.3f} ms | grid {tg:9.3f} ms ({tb / tg:6.2f}x)", end="",
+              flush=True)
+        for chain in chains:
+            if chain is not None:
+                os.environ["POINTOPS_GRID_PROBE_CHAIN"] = chain
+            os.environ["POINTOPS_GRID_PROBE_DEBUG"] = "1"
+            got = ops.chamfer(x, y, algorithm="auto")
+            torch.cuda.synchronize()
+            os.environ.pop("POINTOPS_GRID_PROBE_DEBUG")
+            ok = verify(got, want)
+            FAILURES.extend([] if ok else [f"probe {label} {B} {n} chain {chain}"])
+            ta = timed(lambda: ops.chamfer(x, y, algorithm="auto"), repeat=3 if big else 5, warmup=1)
+            print(f" | auto[{chain or 'default'}] {ta:9.3f} ms ({tb / ta:6.2f}x){'' if ok else ' MISMATCH'}", end="",
+                  flush=True)
+        print(flush=True)
+        os.environ.pop("POINTOPS_GRID_PROBE_CHAIN", None)
+    for key in ("POINTOPS_GRID_NEAREST_MIN_REFS", "POINTOPS_GRID_NEAREST_MIN_PAIRS"):
+        os.environ.pop(key)
+
+
 def run_crossover():
     print("== crossover: nearest_neighbor one direction, uniform D=3 float (auto would take the grid where pays=1)")
     g = torch.Generator(device=DEV).manual_seed(1)
@@ -460,6 +512,8 @@ if __name__ == "__main__":
         run_crossover()
     if what == "auto":
         run_auto()
+    if what == "probe":
+        run_probe()
     if what == "sweep":
         run_sweep()
     if what == "tune":
