@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 
 namespace pointops {
@@ -37,25 +39,11 @@ inline int multiprocessor_count() {
   return count;
 }
 
-// The current device's compute capability major version, cached per device like the SM count.
-inline int compute_capability_major() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];
-  const int device = c10::cuda::current_device();
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  int major = cacheable ? cached[device].load(std::memory_order_relaxed) : 0;
-  if (major == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (cacheable) cached[device].store(major, std::memory_order_relaxed);
-  }
-  return major;
-}
-
 // Programmatic dependent launch (compute capability 9.0+): a kernel launched with
 // launch_after_previous may start while the previous kernel on the stream is finishing; it must
 // call wait_for_previous_grid() before reading anything that kernel wrote. A kernel may call
-// allow_dependent_launch() once it no longer needs its SM slots for itself. On older GPUs (and in
-// code compiled for them) both are no-ops and the launch is an ordinary one.
+// allow_dependent_launch() once it no longer needs its SM slots for itself. In code compiled for
+// older GPUs both are no-ops, and such a kernel is launched the ordinary way (below).
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -65,6 +53,29 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Whether `kernel`, as loaded for the current device, was compiled from PTX for sm_90 or later, so
+// that it holds the griddepcontrol instructions. The device's compute capability is not enough: a
+// build for older GPUs with PTX (TORCH_CUDA_ARCH_LIST="8.0+PTX") runs on Hopper through that PTX,
+// where wait_for_previous_grid() compiled to nothing and an early start could read unfinished
+// partials. Cached per (kernel, device): the attribute query costs host time.
+inline bool compiled_for_dependent_launch(const void* kernel) {
+  static std::mutex mutex;
+  static std::unordered_map<const void*, uint64_t> devices_known, devices_able;  // bit d: device d
+  const int device = c10::cuda::current_device();
+  const uint64_t bit = device >= 0 && device < 64 ? (uint64_t{1} << device) : 0;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (bit != 0 && (devices_known[kernel] & bit)) return (devices_able[kernel] & bit) != 0;
+  }
+  cudaFuncAttributes attributes{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const bool able = attributes.ptxVersion >= 90;
+  const std::lock_guard<std::mutex> lock(mutex);
+  devices_known[kernel] |= bit;
+  if (able) devices_able[kernel] |= bit;
+  return able;
 }
 
 template <typename... KernelArgs, typename... Args>
@@ -79,8 +90,9 @@ void launch_after_previous(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = compute_capability_major() >= 9 ? 1 : 0;
+  config.numAttrs = compiled_for_dependent_launch(reinterpret_cast<const void*>(kernel)) ? 1 : 0;
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // A grid-stride-loop grid for `n` elements: enough blocks to fill the device, never 0.
