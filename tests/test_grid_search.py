@@ -317,7 +317,7 @@ def sphere_and_blob(B, n, g, device):
 
 @requires_cuda
 @pytest.mark.parametrize("scale", ["default", "0", "1e30"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_auto_probes_far_queries_on_cuda(scale, dtype, monkeypatch):
     # Sizes above the K = 1 rule's thresholds (65536 references, 2^33 pairs), so "auto" builds the
     # grids and probes each cloud on the device: a far cloud (a blob in a sphere) goes to brute
@@ -339,6 +339,27 @@ def test_auto_probes_far_queries_on_cuda(scale, dtype, monkeypatch):
     # a cloud with no valid queries, one with no valid references
     empty1, empty2 = torch.tensor([0, 60000]).cuda(), torch.tensor([65536, 0]).cuda()
     assert_same(pointops.chamfer(x, y, empty1, empty2), pointops.chamfer(x, y, empty1, empty2, algorithm="brute"))
+
+
+@requires_cuda
+@pytest.mark.parametrize("scale", ["default", "0", "1e30"])
+def test_auto_probe_in_2d_and_one_direction(scale, monkeypatch):
+    # D = 2 (the probe's 3 x 3 neighbour cells): a blob in a circle and points near the circle.
+    # Then a chamfer whose one direction passes the size rule (4096 queries against 262144
+    # references: probed) and whose other does not (262144 against 4096: brute force alone).
+    if scale != "default":
+        monkeypatch.setenv("POINTOPS_GRID_PROBE_SCALE", scale)
+    g = torch.Generator().manual_seed(31)
+    circle = torch.randn(2, 65536, 2, generator=g)
+    circle = circle / circle.norm(dim=-1, keepdim=True)
+    queries = circle * 1.001
+    queries[0] = 0.02 * torch.randn(65536, 2, generator=g)
+    x, y = queries.cuda(), circle.cuda()
+    assert_same(pointops.chamfer(x, y), pointops.chamfer(x, y, algorithm="brute"))
+    assert_same(pointops.knn_points(x, y, K=1)[:2], pointops.knn_points(x, y, K=1, algorithm="brute")[:2])
+    few, many = sphere_and_blob(2, 262144, g, "cuda")
+    few = few[:, :4096].contiguous()
+    assert_same(pointops.chamfer(few, many), pointops.chamfer(few, many, algorithm="brute"))
 
 
 @requires_cuda
