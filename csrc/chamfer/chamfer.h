@@ -163,7 +163,10 @@ C10_HOST_DEVICE C10_ALWAYS_INLINE acc_t unmatched_distance(int64_t valid_refs, b
 
 // The nearest-neighbour search of one direction, for the ops built on it (knn_points with K = 1):
 // dist (B, N), idx (B, N) for checked inputs (lengths int64 or undefined). zero_unmatched: queries
-// without a neighbour get distance 0 instead of +inf / NaN.
+// without a neighbour get distance 0 instead of +inf / NaN. probe_grid (CUDA; algorithm="auto"
+// where grid_pays_cuda says the sizes favour the grid): the grid searches the clouds its probe
+// (knn_grid_cuda's probe_choice) finds cheaper than brute force, brute force the rest, in one pass
+// of launches without a host sync; bit for bit either search.
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cpu(const at::Tensor& x, const at::Tensor& y,
                                                                   const at::Tensor& x_lengths,
                                                                   const at::Tensor& y_lengths, Metric metric,
@@ -171,13 +174,6 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cpu(const at::Tens
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cuda(const at::Tensor& x, const at::Tensor& y,
                                                                    const at::Tensor& x_lengths,
                                                                    const at::Tensor& y_lengths, Metric metric,
-                                                                   bool zero_unmatched);
-// The same for algorithm="auto" where grid_pays_cuda says the sizes favour the grid: the grid
-// searches the clouds its probe (knn_grid_cuda's probe_choice) finds cheaper than brute force,
-// brute force the rest, in one pass of launches without a host sync. Bit for bit either search.
-std::tuple<at::Tensor, at::Tensor> nearest_neighbor_probed_cuda(const at::Tensor& x, const at::Tensor& y,
-                                                                const at::Tensor& x_lengths,
-                                                                const at::Tensor& y_lengths, Metric metric,
-                                                                bool zero_unmatched);
+                                                                   bool zero_unmatched, bool probe_grid = false);
 
 }  // namespace pointops

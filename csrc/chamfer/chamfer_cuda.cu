@@ -391,28 +391,17 @@ void attach_grid_probe(DirectionTensors& t, Metric metric) {
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> nearest_neighbor_probed_cuda(const at::Tensor& x, const at::Tensor& y,
-                                                                const at::Tensor& x_lengths,
-                                                                const at::Tensor& y_lengths, Metric metric,
-                                                                bool zero_unmatched) {
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cuda(const at::Tensor& x, const at::Tensor& y,
+                                                                   const at::Tensor& x_lengths,
+                                                                   const at::Tensor& y_lengths, Metric metric,
+                                                                   bool zero_unmatched, bool probe_grid) {
   const c10::cuda::CUDAGuard guard(x.device());
   DirectionTensors dirs[1] = {make_direction_tensors(x, y, x_lengths, y_lengths)};
   dirs[0].zero_unmatched = zero_unmatched;
   if (x.size(0) * x.size(1) > 0) {
-    attach_grid_probe(dirs[0], metric);
+    if (probe_grid) attach_grid_probe(dirs[0], metric);
     nearest_neighbor_cuda_impl(dirs, 1, metric);
   }
-  return {dirs[0].dist, dirs[0].idx};
-}
-
-std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cuda(const at::Tensor& x, const at::Tensor& y,
-                                                                   const at::Tensor& x_lengths,
-                                                                   const at::Tensor& y_lengths, Metric metric,
-                                                                   bool zero_unmatched) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  DirectionTensors dirs[1] = {make_direction_tensors(x, y, x_lengths, y_lengths)};
-  dirs[0].zero_unmatched = zero_unmatched;
-  if (x.size(0) * x.size(1) > 0) nearest_neighbor_cuda_impl(dirs, 1, metric);
   return {dirs[0].dist, dirs[0].idx};
 }
 
@@ -433,7 +422,7 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_cuda(const at::Tensor& x, co
   const auto [x_len, y_len] = check_nearest_neighbor_inputs(x, y, x_lengths, y_lengths);
   const Metric metric = metric_from_norm(norm);
   if (choose_grid(algorithm, x.size(0), x.size(1), y.size(1), x.size(2), 1, &grid_pays_cuda)) {
-    if (grid_may_decline(algorithm)) return nearest_neighbor_probed_cuda(x, y, x_len, y_len, metric, false);
+    if (grid_may_decline(algorithm)) return nearest_neighbor_direction_cuda(x, y, x_len, y_len, metric, false, true);
     const c10::cuda::CUDAGuard guard(x.device());
     return nearest_neighbor_grid_cuda(x, y, x_len, y_len, metric);
   }

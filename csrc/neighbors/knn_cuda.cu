@@ -116,7 +116,8 @@ std::tuple<at::Tensor, at::Tensor> knn_points_cuda(const at::Tensor& p1, const a
   const c10::cuda::CUDAGuard guard(p1.device());
   if (choose_grid(algorithm, p1.size(0), p1.size(1), p2.size(1), p1.size(2), K, &grid_pays_cuda)) {
     if (K == 1 && grid_may_decline(algorithm)) {  // the far-query probe (nearest_neighbor's "auto")
-      auto [dist, idx] = nearest_neighbor_probed_cuda(p1, p2, len1, len2, metric, /*zero_unmatched=*/true);
+      auto [dist, idx] = nearest_neighbor_direction_cuda(p1, p2, len1, len2, metric, /*zero_unmatched=*/true,
+                                                         /*probe_grid=*/true);
       return {dist.unsqueeze(2), idx.unsqueeze(2)};
     }
     return knn_grid_cuda(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true);
