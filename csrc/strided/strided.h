@@ -146,21 +146,18 @@ bool make_layout(at::IntArrayRef sizes, const std::array<const int64_t*, NOps>& 
   return true;
 }
 
-template <int NOps>
-bool make_layout(at::IntArrayRef sizes, const std::array<std::vector<int64_t>, NOps>& strides,
-                 StridedLayout<NOps>& out) {
-  std::array<const int64_t*, NOps> pointers;
-  for (int op = 0; op < NOps; ++op) pointers[op] = strides[op].data();
-  return make_layout<NOps>(sizes, pointers, out);
-}
-
-// Strides of t as seen from a broadcast to `shape` (0 on new or expanded dims), without allocating.
+// Strides of a tensor (sizes, strides) as seen from a broadcast to `shape` (0 on new or expanded
+// dims), without allocating (and without making the expanded view).
 using StrideVector = c10::SmallVector<int64_t, 16>;
-inline StrideVector broadcast_strides_small(const at::Tensor& t, at::IntArrayRef shape) {
-  const int64_t nd = static_cast<int64_t>(shape.size()), lead = nd - t.dim();
+inline StrideVector broadcast_strides_small(at::IntArrayRef sizes, at::IntArrayRef strides, at::IntArrayRef shape) {
+  const int64_t nd = static_cast<int64_t>(shape.size()), dims = static_cast<int64_t>(sizes.size());
+  const int64_t lead = nd - dims;
   StrideVector s(nd, 0);
-  for (int64_t d = 0; d < t.dim(); ++d) s[lead + d] = t.size(d) == 1 ? 0 : t.stride(d);
+  for (int64_t d = 0; d < dims; ++d) s[lead + d] = sizes[d] == 1 ? 0 : strides[d];
   return s;
+}
+inline StrideVector broadcast_strides_small(const at::Tensor& t, at::IntArrayRef shape) {
+  return broadcast_strides_small(t.sizes(), t.strides(), shape);
 }
 
 // The layout of out and its inputs broadcast to out (operand 0 out, then the inputs in order).

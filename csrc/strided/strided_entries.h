@@ -136,6 +136,13 @@ at::Tensor reduce_entry(const at::Tensor& x_in, at::OptionalIntArrayRef dim, c10
   return result;
 }
 
+// The batch strides of t (..., rows, cols) broadcast to `batch`: what t.expand(batch + [rows, cols])
+// would have, without making the view (host time: matmul is called with tiny operands too).
+inline StrideVector broadcast_batch_strides(const at::Tensor& t, at::IntArrayRef batch) {
+  const size_t tb = static_cast<size_t>(t.dim() - 2);
+  return broadcast_strides_small(t.sizes().slice(0, tb), t.strides().slice(0, tb), batch);
+}
+
 template <MatmulInto Impl>
 at::Tensor matmul_entry(const at::Tensor& a_in, const at::Tensor& b_in) {
   const std::vector<int64_t> shape = check_matmul_inputs(a_in, b_in);
@@ -144,20 +151,22 @@ at::Tensor matmul_entry(const at::Tensor& a_in, const at::Tensor& b_in) {
   const int64_t n = a_in.size(-2), k = a_in.size(-1), m = b_in.size(-1);
   if (c.numel() == 0) return c;
   if (k == 0) return c.zero_();
-  std::vector<int64_t> batch(shape.begin(), shape.begin() + nb);
-  std::vector<int64_t> a_shape = batch, b_shape = batch;
-  a_shape.insert(a_shape.end(), {n, k});
-  b_shape.insert(b_shape.end(), {k, m});
-  at::Tensor a = a_in.expand(a_shape), b = b_in.expand(b_shape);  // views: broadcast batch dims get stride 0
-  auto batch_strides = [](const at::Tensor& t) {
-    return std::vector<int64_t>(t.strides().begin(), t.strides().end() - 2);
-  };
+  const at::IntArrayRef batch(shape.data(), static_cast<size_t>(nb));
+  at::Tensor a = a_in, b = b_in;  // the kernels read data pointers only; strides come from the layout
+  StrideVector a_batch = broadcast_batch_strides(a, batch), b_batch = broadcast_batch_strides(b, batch);
   StridedLayout<3> L;
-  if (!make_layout<3>(batch, {batch_strides(c), batch_strides(a), batch_strides(b)}, L)) {
+  if (!make_layout<3>(batch, {c.strides().data(), a_batch.data(), b_batch.data()}, L)) {
     // more than kMaxDims batch dims after merging: contiguous operands merge to one
-    a = a.contiguous();
-    b = b.contiguous();
-    TORCH_INTERNAL_ASSERT(make_layout<3>(batch, {batch_strides(c), batch_strides(a), batch_strides(b)}, L));
+    auto expanded = [&](const at::Tensor& t, int64_t rows, int64_t cols) {
+      std::vector<int64_t> sizes(batch.begin(), batch.end());
+      sizes.insert(sizes.end(), {rows, cols});
+      return t.expand(sizes).contiguous();
+    };
+    a = expanded(a_in, n, k);
+    b = expanded(b_in, k, m);
+    a_batch = broadcast_batch_strides(a, batch);
+    b_batch = broadcast_batch_strides(b, batch);
+    TORCH_INTERNAL_ASSERT(make_layout<3>(batch, {c.strides().data(), a_batch.data(), b_batch.data()}, L));
   }
   const MatmulCall call{n, k, m, a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1), c.stride(-2), c.stride(-1)};
   Impl(c, a, b, L, call);
