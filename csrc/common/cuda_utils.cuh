@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <mutex>
-#include <unordered_map>
 #include <utility>
 
 namespace pointops {
@@ -62,20 +62,14 @@ __device__ __forceinline__ void allow_dependent_launch() {
 // partials. Cached per (kernel, device): the attribute query costs host time.
 inline bool compiled_for_dependent_launch(const void* kernel) {
   static std::mutex mutex;
-  static std::unordered_map<const void*, uint64_t> devices_known, devices_able;  // bit d: device d
-  const int device = c10::cuda::current_device();
-  const uint64_t bit = device >= 0 && device < 64 ? (uint64_t{1} << device) : 0;
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    if (bit != 0 && (devices_known[kernel] & bit)) return (devices_able[kernel] & bit) != 0;
-  }
+  static std::map<std::pair<const void*, int>, bool> cached;
+  const std::pair<const void*, int> key{kernel, c10::cuda::current_device()};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = cached.find(key);
+  if (found != cached.end()) return found->second;
   cudaFuncAttributes attributes{};
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  const bool able = attributes.ptxVersion >= 90;
-  const std::lock_guard<std::mutex> lock(mutex);
-  devices_known[kernel] |= bit;
-  if (able) devices_able[kernel] |= bit;
-  return able;
+  return cached[key] = attributes.ptxVersion >= 90;
 }
 
 template <typename... KernelArgs, typename... Args>
