@@ -336,6 +336,10 @@ def test_auto_probes_far_queries_on_cuda(scale, dtype, monkeypatch):
                 pointops.nearest_neighbor(x, y, lengths1, lengths2, algorithm="brute"))
     assert_same(pointops.knn_points(x, y, lengths1, lengths2, K=1)[:2],
                 pointops.knn_points(x, y, lengths1, lengths2, K=1, algorithm="brute")[:2])
+    # non-contiguous views (coordinates stored first)
+    xt, yt = x.transpose(1, 2).contiguous().transpose(1, 2), y.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not xt.is_contiguous() and not yt.is_contiguous()
+    assert_same(pointops.chamfer(xt, yt), pointops.chamfer(x, y, algorithm="brute"))
     # a cloud with no valid queries, one with no valid references
     empty1, empty2 = torch.tensor([0, 60000]).cuda(), torch.tensor([65536, 0]).cuda()
     assert_same(pointops.chamfer(x, y, empty1, empty2), pointops.chamfer(x, y, empty1, empty2, algorithm="brute"))
