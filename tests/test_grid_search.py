@@ -181,6 +181,30 @@ def test_ball_query_grid_crowded_balls(device):
         both(lambda a: pointops.ball_query(p1, p2, K=K, radius=0.15, algorithm=a)[:2])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cell", ["1", "0.5"])
+def test_ball_query_grid_cell_groups(cell, device, monkeypatch):
+    """The regimes of the CUDA ball query's shared candidate lists (grid_ball_cells_cuda.cuh), with
+    ragged clouds and queries outside the references' box (clamped cells): with cells of edge r
+    (cell "1"), radius 0.1 stages ~80 candidates per query cell (the 128-key sort), 0.15 ~270 (the
+    512-key sort) and 0.2 ~650 (over the 512 that fit: one warp per query). With cells of half the
+    radius (cell "0.5", POINTOPS_GRID_BALL_CELL; the density rule's 0.087 where larger), a cell
+    whose queries spread over it reaches 5 cells per axis, 125 in all, over the 64 looked up
+    together (one warp per query), while cells with few queries still fit. D = 2: ~25 and ~100
+    candidates per list. The CPU grid runs the same inputs against its brute force."""
+    monkeypatch.setenv("POINTOPS_GRID_BALL_CELL", cell)
+    g = torch.Generator().manual_seed(41)
+    p1 = (1.2 * torch.rand(2, 700, 3, generator=g) - 0.1).to(device)
+    p2 = torch.rand(2, 3000, 3, generator=g).to(device)
+    l1, l2 = torch.tensor([700, 517], device=device), torch.tensor([2900, 3000], device=device)
+    for radius in (0.1, 0.15, 0.2):
+        for K in (1, 16, 64, 128):
+            both(lambda a: pointops.ball_query(p1, p2, l1, l2, K=K, radius=radius, algorithm=a)[:2])
+    p1_2d, p2_2d = p1[..., :2].contiguous(), p2[..., :2].contiguous()
+    for radius in (0.03, 0.06):
+        both(lambda a: pointops.ball_query(p1_2d, p2_2d, l1, l2, K=32, radius=radius, algorithm=a)[:2])
+
+
 @requires_cuda
 @pytest.mark.parametrize("target", ["0", "8", "96", "1000"])
 def test_crowding_refinement_cuda(target, monkeypatch):

@@ -8,6 +8,7 @@ bit, then timed with CUDA events. Needs pointops built with CUDA and a GPU.
     python scripts/debug/grid_cuda_check.py probe        # "auto" with the far-query probe vs brute / grid
     python scripts/debug/grid_cuda_check.py sweep        # knn times over POINTOPS_GRID_POINTS_PER_CELL
     python scripts/debug/grid_cuda_check.py tune         # crowding target, ball cell edge, ball grid vs brute
+    python scripts/debug/grid_cuda_check.py ball         # the ball query alone: its kernels, cell edge, grid vs brute
 
 A mismatch prints the case (shape, sizes, dtype, seed) and the first differing rows; rerun it alone
 with `check` and the same seed. The logic of the search is also checked on the CPU, without a GPU,
@@ -476,8 +477,30 @@ def run_tune():
             print(line, flush=True)
     os.environ.pop("POINTOPS_GRID_CROWDING", None)
 
-    if os.environ.get("TUNE_BALL", "1") == "0":
-        return
+    if os.environ.get("TUNE_BALL", "1") != "0":
+        run_ball(g)
+
+
+def run_ball(g=None):
+    """ball_query on the grid: the issue's case under torch.profiler (time per kernel), the cell
+    edge in radii (POINTOPS_GRID_BALL_CELL; TUNE_EDGES), then grid vs brute over radii and sizes
+    (the data of ball_grid_pays_cuda), every result checked against brute force."""
+    if g is None:
+        print("== ball", torch.cuda.get_device_name(), "torch", torch.__version__)
+        g = torch.Generator(device=DEV).manual_seed(3)
+    p1, p2 = torch.rand(8, 16384, 3, generator=g, device=DEV), torch.rand(8, 16384, 3, generator=g, device=DEV)
+    call = lambda: ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="grid")  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12), flush=True)
+    brute = lambda: ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="brute")  # noqa: E731
+    for _ in range(3):  # three rounds: the spread of the issue's row
+        row("ball_query K=64 r=0.1 8 x 16384^2", timed(call, repeat=50), timed(brute), "<= 0.3 ms",
+            verify(call()[:2], brute()[:2]))
     p1, p2 = torch.rand(8, 16384, 3, generator=g, device=DEV), torch.rand(8, 16384, 3, generator=g, device=DEV)
     want = ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="brute")[:2]
     for edge in [float(v) for v in os.environ.get("TUNE_EDGES", "0.5,0.7,1.0,1.4,2.0").split(",")]:
@@ -518,4 +541,6 @@ if __name__ == "__main__":
         run_sweep()
     if what == "tune":
         run_tune()
+    if what == "ball":
+        run_ball()
     sys.exit(1 if FAILURES else 0)

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Device calls after scripts/gpu_check.sh's build stage on the same (warm) machine, each step with its
+# own time limit, logs in one tarball in $OUT:
+#   memcheck-particle   compute-sanitizer memcheck on the particle-sum tests
+#   memcheck-probe      memcheck on the far-query probe and chunked-reduction tests
+#   memcheck-ball       memcheck on the CUDA ball-query tests of the grid and of test_neighbors.py
+#   racecheck-ball      racecheck on the crowded and cell-group ball tests (the shared staging of
+#                       grid_ball_cells_cuda.cuh)
+#   check               grid_cuda_check.py check (random cases, grid vs brute bit for bit)
+#   ball                grid_cuda_check.py ball (the issue's ball row, its kernels, grid vs brute)
+#   probe               grid_cuda_check.py probe (PROBE_CHAINS sweeps the latency bound's cost)
+#   reduce              bench_strided.py's reduce rows, three runs
+#   step                scripts/debug/chamfer_step_probe.py (the Chamfer training step)
+#   overhead            benchmarks/bench_overhead.py --device cuda
+#   STEPS="memcheck-ball racecheck-ball ball" scripts/debug/device_steps.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/burst}
+mkdir -p "$OUT/logs"
+export PYTHONUNBUFFERED=1
+trap 'tar -czf "$OUT/burst_logs.tgz" -C "$OUT" logs' EXIT
+STEPS=${STEPS:-"memcheck-ball racecheck-ball check ball"}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+step() {  # name, seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name ($(date +%T))"
+  timeout "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
+  echo "   rc=$? ($(date +%T))"
+  tail -n "${TAILN:-4}" "$OUT/logs/$name.log"
+}
+if want memcheck-particle; then
+  step memcheck-particle 170 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
+    tests/test_particle_sum.py -q -p no:cacheprovider -k "cuda and not compile"
+fi
+if want memcheck-probe; then
+  step memcheck-probe 150 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
+    tests/test_grid_search.py tests/test_strided.py -q -p no:cacheprovider -k "probe or chunked"
+fi
+if want probe; then
+  # PROBE_CHAINS="0,1e6,4e6,1.6e7" sweeps the latency bound's cost (POINTOPS_GRID_PROBE_CHAIN)
+  TAILN=45 step probe 300 env PROBE_CHAINS="${PROBE_CHAINS:-}" python scripts/debug/grid_cuda_check.py probe
+fi
+if want reduce; then
+  for round in 1 2 3; do
+    TAILN=0 step "reduce-$round" 90 python benchmarks/bench_strided.py --device cuda --parts reduce
+    grep "reduce" "$OUT/logs/reduce-$round.log" | grep cuda | tail -5
+  done
+fi
+if want memcheck-ball; then
+  step memcheck-ball 200 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
+    tests/test_grid_search.py tests/test_neighbors.py -q -p no:cacheprovider -k "ball and cuda and not compile"
+fi
+if want racecheck-ball; then
+  step racecheck-ball 200 compute-sanitizer --tool racecheck --error-exitcode 9 python -m pytest \
+    tests/test_grid_search.py -q -p no:cacheprovider -k "(cell_groups or crowded) and cuda"
+fi
+if want check; then
+  TAILN=6 step check 200 python scripts/debug/grid_cuda_check.py check "${CHECK_CASES:-300}"
+fi
+if want ball; then
+  TAILN=100 step ball 300 python scripts/debug/grid_cuda_check.py ball
+fi
+if want step; then
+  TAILN=40 step step 150 python scripts/debug/chamfer_step_probe.py
+fi
+if want overhead; then
+  TAILN=40 step overhead 200 python benchmarks/bench_overhead.py --device cuda
+fi
