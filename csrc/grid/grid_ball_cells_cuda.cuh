@@ -1,20 +1,23 @@
-// Ball query over the grid, one warp per 32 consecutive sorted queries, the queries of one cell
+// Ball query over the grid, one block per 32 consecutive sorted queries, the queries of one cell
 // sharing one candidate list (grid_search_cuda.cu launches it for K <= kBallWarpMaxK).
 //
 // Why: with one warp per query (grid_ball_warp_cuda.cuh) every query paid for its own set-up (its
 // reach box in double, up to 27 hash lookups), for finding each candidate's run (a shuffle search
 // per batch of 32) and for ranking its hits by index at the end; under ncu that was ~1,400 of its
 // ~2,140 warp instructions (benchmarks/RESULTS.md). The queries are sorted by cell, and the ~16
-// queries of a cell (cells of edge >= r) look at the same candidates. So a warp takes 32 sorted
+// queries of a cell (cells of edge >= r) look at the same candidates. So a block takes 32 sorted
 // queries: each lane computes one query's cell and reach box, lanes with the same cell form a
-// group, and per group the warp
+// group, and per group one warp
 //   1. looks up the cells of the union of the group's reach boxes (<= kStageMaxCells),
 //   2. copies the indices of their candidates (<= kStageCapacity) into shared memory and sorts them
 //      (a bitonic sort in registers: the whole warp, once per group),
-//   3. gathers the candidates' coordinates in that index order from the (B, M, D) references,
-//   4. scans them for each query of the group in index order, 32 at a time, writing the points
-//      inside the ball straight to their slots and stopping at the K-th: brute force's own loop and
-//      early exit, over the candidates only.
+//   3. gathers the candidates' coordinates in that index order from the (B, M, D) references;
+// then the block's warps take the group's queries in turn, each scanning the list in index order,
+// 32 candidates at a time, writing the points inside the ball straight to their slots and stopping
+// at the K-th: brute force's own loop and early exit, over the candidates only.
+// (A first version gave each warp 32 queries of its own: a quarter of the warps, each four times
+// as long, ran 0.46 ms against the warp-per-query search's 0.47 on the issue's case: too few warps
+// to hide the latency, 1.3 waves.)
 //
 // Exactness (grid.h's contract): every cell that can hold a point within the radius of a query lies
 // in that query's reach box (grid_cuda.cuh), hence in the union; every reference of those cells is
@@ -25,8 +28,8 @@
 // A group whose box has more than kStageMaxCells cells or whose cells hold more than
 // kStageCapacity points (a radius wide for the density, crowded cells), and every query that is
 // padded, non-finite or searches an empty cloud, goes to the warp-per-query search of
-// grid_ball_warp_cuda.cuh (with its index windows and its brute-force fallback), one query at a
-// time; its buffers alias this warp's shared staging area.
+// grid_ball_warp_cuda.cuh (with its index windows and its brute-force fallback), the block's warps
+// taking its queries in turn; their buffers alias the group's unused staging area.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +43,7 @@ namespace grid_cuda {
 constexpr int kStageCapacity = 512;  // candidates one group stages and sorts (16 keys per lane)
 constexpr int kStageMaxCells = 64;   // cells of a group's union box: two lookups per lane
 
-// Warps per block: the staging area is ~8.5 KB per warp for float, ~14.5 KB for double.
+// Warps per block, each with a staging area: ~8.5 KB for float, ~14.5 KB for double.
 template <typename acc_t>
 constexpr int ball_cell_warps() {
   return sizeof(acc_t) == 8 ? 2 : 4;
@@ -48,12 +51,22 @@ constexpr int ball_cell_warps() {
 
 #if defined(__CUDACC__)
 
-template <typename acc_t, int D>
-struct BallStage {
-  acc_t c[D][kStageCapacity];        // the staged candidates' coordinates, in index order
-  int32_t idx[kStageCapacity];       // their indices: in cell order, then sorted
-  int32_t run_start[kStageMaxCells];  // where each cell's run starts in the sorted references
-  int32_t run_end[kStageMaxCells];    // where it ends in the staged list (inclusive prefix sum)
+// One group's staging area; while its group takes the per-query search, the same bytes hold the
+// per-query search's buffer for each warp of the block (32 R <= kBallWarpBuffer slots).
+constexpr int kBallWarpBuffer = 32 * 5;  // R <= 5: K <= kBallWarpMaxK
+
+template <typename acc_t, int D, int W>
+union BallStage {
+  struct {
+    acc_t c[D][kStageCapacity];         // the staged candidates' coordinates, in index order
+    int32_t idx[kStageCapacity];        // their indices: in cell order, then sorted
+    int32_t run_start[kStageMaxCells];  // where each cell's run starts in the sorted references
+    int32_t run_end[kStageMaxCells];    // where it ends in the staged list (inclusive prefix sum)
+  } list;
+  struct {
+    int32_t idx[W][kBallWarpBuffer];
+    acc_t dist[W][kBallWarpBuffer];
+  } buffers;
 };
 
 // Sorts idx[0, 32 R) ascending in place (a bitonic network over the warp's registers, element
@@ -110,9 +123,9 @@ __device__ __forceinline__ T warp_max(T v) {
 
 // Stages the candidates of the group whose union box is [lo, hi] (cloud b): returns their number,
 // or -1 when the box or its points do not fit (the group then takes the per-query search).
-template <typename acc_t, int D>
+template <typename acc_t, int D, typename List>
 __device__ int stage_group(const SearchArgs<acc_t, D>& a, int64_t b, const int32_t (&lo)[3], const int32_t (&hi)[3],
-                           BallStage<acc_t, D>& s) {
+                           List& s) {
   const int lane = threadIdx.x % 32;
   const int64_t nx = hi[0] - lo[0] + 1, ny = hi[1] - lo[1] + 1, nz = hi[2] - lo[2] + 1;
   const int64_t n_cells = nx * ny * nz;
@@ -170,10 +183,20 @@ __device__ int stage_group(const SearchArgs<acc_t, D>& a, int64_t b, const int32
   return total;
 }
 
-// The queries at sorted positions [t0, t0 + 32), one per lane. R: the per-query search's buffer.
+// The queries at sorted positions [t0, t0 + 32) (t0 = 32 blockIdx.x), one per lane, searched by the
+// block's W warps. Every warp computes the lanes' cells and groups (the same values: no exchange
+// needed); then, in rounds of up to W groups, warp w stages group w of the round into stage[w], and
+// after a barrier the round's queries are dealt out to the warps in turn, each scanning its
+// group's list (or taking the per-query search when the group was not staged). R: the per-query
+// search's buffer.
 template <typename acc_t, int D, int R>
-__device__ void ball_search_tile(const SearchArgs<acc_t, D>& a, int64_t t0, BallStage<acc_t, D>& s) {
-  const int lane = threadIdx.x % 32;
+__global__ void __launch_bounds__(32 * ball_cell_warps<acc_t>(), 6) ball_grid_cells_kernel(const SearchArgs<acc_t, D> a) {
+  constexpr int W = ball_cell_warps<acc_t>();
+  static_assert(32 * R <= kBallWarpBuffer, "the per-query search's buffer must fit the staging area");
+  __shared__ BallStage<acc_t, D, W> stage[W];
+  __shared__ int stage_count[W];  // the candidates staged per slot, -1: the per-query search
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 32;
   const int64_t t = t0 + lane;
   const bool active = t < a.B * a.N;
   const int K = static_cast<int>(a.K);
@@ -204,28 +227,44 @@ __device__ void ball_search_tile(const SearchArgs<acc_t, D>& a, int64_t t0, Ball
   const unsigned active_lanes = __ballot_sync(kFullMask, active);
   const unsigned same_key = __match_any_sync(kFullMask, key);
   unsigned pending = active_lanes;
-  while (pending) {
-    const int leader = __ffs(pending) - 1;
-    const unsigned group = __shfl_sync(kFullMask, same_key, leader) & active_lanes;
-    pending &= ~group;
-    const bool mine = (group >> lane) & 1u;
-    int n = -1;
-    if (__shfl_sync(kFullMask, key, leader) != kEmptyKey) {
-      int32_t box_lo[3], box_hi[3];
+  while (pending) {  // the same in every warp of the block
+    unsigned round = 0;
+    int my_slot = 0;
+    for (int slot = 0; slot < W && pending; ++slot) {
+      const int leader = __ffs(pending) - 1;
+      const unsigned group = __shfl_sync(kFullMask, same_key, leader) & active_lanes;
+      pending &= ~group;
+      round |= group;
+      if ((group >> lane) & 1u) my_slot = slot;
+      if (warp == slot) {
+        int n = -1;
+        if (__shfl_sync(kFullMask, key, leader) != kEmptyKey) {
+          const bool mine = (group >> lane) & 1u;
+          int32_t box_lo[3], box_hi[3];
 #pragma unroll
-      for (int c = 0; c < 3; ++c) {
-        box_lo[c] = warp_min(mine ? lo[c] : std::numeric_limits<int32_t>::max());
-        box_hi[c] = warp_max(mine ? hi[c] : std::numeric_limits<int32_t>::min());
+          for (int c = 0; c < 3; ++c) {
+            box_lo[c] = warp_min(mine ? lo[c] : std::numeric_limits<int32_t>::max());
+            box_hi[c] = warp_max(mine ? hi[c] : std::numeric_limits<int32_t>::min());
+          }
+          n = stage_group<acc_t, D>(a, __shfl_sync(kFullMask, b, leader), box_lo, box_hi, stage[slot].list);
+        }
+        if (lane == 0) stage_count[slot] = n;
       }
-      n = stage_group<acc_t, D>(a, __shfl_sync(kFullMask, b, leader), box_lo, box_hi, s);
     }
-    for (unsigned m = group; m; m &= m - 1) {
+    __syncthreads();
+    int turn = 0;
+    for (unsigned m = round; m; m &= m - 1, ++turn) {
       const int member = __ffs(m) - 1;
+      const int slot = __shfl_sync(kFullMask, my_slot, member);
+      if (turn % W != warp) continue;
+      const int n = stage_count[slot];
       if (n < 0) {
-        ball_search_query_warp<acc_t, D, R>(a, t0 + member, s.idx, s.c[0]);
+        ball_search_query_warp<acc_t, D, R>(a, t0 + member, stage[slot].buffers.idx[warp],
+                                            stage[slot].buffers.dist[warp]);
         __syncwarp();
         continue;
       }
+      const auto& list = stage[slot].list;
       acc_t qm[D];
 #pragma unroll
       for (int c = 0; c < D; ++c) qm[c] = __shfl_sync(kFullMask, q[c], member);
@@ -238,15 +277,15 @@ __device__ void ball_search_tile(const SearchArgs<acc_t, D>& a, int64_t t0, Ball
         if (j < n) {
           acc_t p[D];
 #pragma unroll
-          for (int c = 0; c < D; ++c) p[c] = s.c[c][j];
+          for (int c = 0; c < D; ++c) p[c] = list.c[c][j];
           d = point_distance<D, Metric::kSquaredL2>(qm, p);
           hit = d < a.r2;
         }
         const unsigned hits = __ballot_sync(kFullMask, hit);
-        const int slot = found + __popc(hits & ((1u << lane) - 1u));
-        if (hit && slot < K) {
-          a.dists[row + slot] = d;
-          a.idx[row + slot] = s.idx[j];
+        const int slot_k = found + __popc(hits & ((1u << lane) - 1u));
+        if (hit && slot_k < K) {
+          a.dists[row + slot_k] = d;
+          a.idx[row + slot_k] = list.idx[j];
         }
         found = min(K, found + __popc(hits));
       }
@@ -255,17 +294,8 @@ __device__ void ball_search_tile(const SearchArgs<acc_t, D>& a, int64_t t0, Ball
         a.idx[row + k] = -1;
       }
     }
-    __syncwarp();  // every lane is done with the staging area before the next group writes it
+    __syncthreads();  // every warp is done with the staging areas before the next round
   }
-}
-
-template <typename acc_t, int D, int R>
-__global__ void __launch_bounds__(32 * ball_cell_warps<acc_t>(), 6) ball_grid_cells_kernel(const SearchArgs<acc_t, D> a) {
-  constexpr int kWarps = ball_cell_warps<acc_t>();
-  __shared__ BallStage<acc_t, D> stage[kWarps];
-  const int warp = threadIdx.x / 32;
-  const int64_t t0 = (blockIdx.x * static_cast<int64_t>(kWarps) + warp) * 32;
-  if (t0 < a.B * a.N) ball_search_tile<acc_t, D, R>(a, t0, stage[warp]);
 }
 
 #endif  // __CUDACC__

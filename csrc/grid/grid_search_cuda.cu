@@ -27,7 +27,7 @@
 //            cover it (or the grid). A cell is skipped when its box is provably farther; a run is
 //            left early once the K-th best is 0 (the rest can only tie with larger indices).
 //            K > 64: passes of 64, each taking the best candidates after the last one written.
-//   ball     K <= 128: one warp per 32 sorted queries (grid_ball_cells_cuda.cuh): the queries of a
+//   ball     K <= 128: one block per 32 sorted queries (grid_ball_cells_cuda.cuh): the queries of a
 //            cell share one candidate list (the runs of the cells of their reach boxes, staged in
 //            shared memory and sorted by index), which each scans in index order up to its K-th
 //            point inside: brute force's loop over the candidates only. Groups whose cells hold
@@ -794,13 +794,13 @@ void launch_probe(const SearchArgs<acc_t, D>& a, const ProbeScratch& scratch) {
 template <typename acc_t, int D, int R>
 void launch_ball_cells(const SearchArgs<acc_t, D>& a) {
   constexpr int warps = ball_cell_warps<acc_t>();
-  const int64_t blocks = ceil_div<int64_t>(a.B * a.N, 32 * warps);
+  const int64_t blocks = ceil_div<int64_t>(a.B * a.N, 32);  // a block per 32 sorted queries
   ball_grid_cells_kernel<acc_t, D, R>
       <<<static_cast<unsigned>(blocks), 32 * warps, 0, c10::cuda::getCurrentCUDAStream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// K <= 128: a warp per 32 sorted queries, one candidate list per cell (grid_ball_cells_cuda.cuh),
+// K <= 128: a block per 32 sorted queries, one candidate list per cell (grid_ball_cells_cuda.cuh),
 // the per-query warp search's buffer of 32 R >= K + 32 slots where a cell's list does not fit.
 // Larger K: a thread per query, passes of 64.
 template <typename acc_t, int D>
