@@ -184,14 +184,13 @@ def test_ball_query_grid_crowded_balls(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("cell", ["1", "0.5"])
 def test_ball_query_grid_cell_groups(cell, device, monkeypatch):
-    """The regimes of the CUDA ball query's shared candidate lists (grid_ball_cells_cuda.cuh), with
-    ragged clouds and queries outside the references' box (clamped cells): with cells of edge r
-    (cell "1"), radius 0.1 stages ~80 candidates per query cell (the 128-key sort), 0.15 ~270 (the
-    512-key sort) and 0.2 ~650 (over the 512 that fit: one warp per query). With cells of half the
-    radius (cell "0.5", POINTOPS_GRID_BALL_CELL; the density rule's 0.087 where larger), a cell
-    whose queries spread over it reaches 5 cells per axis, 125 in all, over the 64 looked up
-    together (one warp per query), while cells with few queries still fit. D = 2: ~25 and ~100
-    candidates per list. The CPU grid runs the same inputs against its brute force."""
+    """Ball queries over the grid against brute force, with ragged clouds and queries outside the
+    references' box (clamped cells), over the regimes that decide the grid's work: with cells of
+    edge r (cell "1"), radius 0.1 finds ~80 candidates in a query's cells, 0.15 ~270 and 0.2 ~650
+    (more than the CUDA warp's 64..160-slot buffer: cuts to the K smallest); with cells of half the
+    radius (cell "0.5", POINTOPS_GRID_BALL_CELL; the density rule's 0.087 where larger) a query
+    reaches 4-5 cells per axis, more than the 32 one batch of lanes looks up (CUDA: no index
+    windows). D = 2: ~25 and ~100 candidates. K = 128 takes the largest CUDA buffer."""
     monkeypatch.setenv("POINTOPS_GRID_BALL_CELL", cell)
     g = torch.Generator().manual_seed(41)
     p1 = (1.2 * torch.rand(2, 700, 3, generator=g) - 0.1).to(device)

@@ -1,6 +1,5 @@
-// Ball query over the grid with one warp per query: the search of the queries that grid_ball_cells_cuda.cuh
-// does not serve from a shared candidate list (K <= 128; larger K keep the one-thread-per-query
-// passes of grid_cuda.cuh's ball_search_query).
+// Ball query over the grid with one warp per query (grid_search_cuda.cu launches it for K <= 128;
+// larger K keep the one-thread-per-query passes of grid_cuda.cuh's ball_search_query).
 //
 // Why a warp: a ball of radius r around a query touches up to 27 cells of edge >= r, holding some
 // hundreds of candidates, of which the K with the smallest indices inside the ball are wanted. One
@@ -40,6 +39,8 @@
 namespace pointops {
 namespace grid_cuda {
 
+constexpr int kBallWarpThreads = 128;  // 4 queries per block
+constexpr int kBallWarps = kBallWarpThreads / 32;
 constexpr int64_t kBallWarpMaxK = 128;
 // The first index window of the early-exit visit holds about kWindowCandidates K of the query's
 // candidates: a ball fills ~15% (3-D) to ~35% (2-D) of its 3^D box of cells of edge r, so ~1.2-2.8 K
@@ -268,6 +269,15 @@ __device__ void ball_search_query_warp(const SearchArgs<acc_t, D>& a, int64_t t,
     out_dist[k] = acc_t(0);
     out_idx[k] = -1;
   }
+}
+
+template <typename acc_t, int D, int R>
+__global__ void __launch_bounds__(kBallWarpThreads) ball_grid_warp_kernel(const SearchArgs<acc_t, D> a) {
+  __shared__ int32_t buffer_idx[kBallWarps][32 * R];
+  __shared__ acc_t buffer_dist[kBallWarps][32 * R];
+  const int warp = threadIdx.x / 32;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(kBallWarps) + warp;
+  if (t < a.B * a.N) ball_search_query_warp<acc_t, D, R>(a, t, buffer_idx[warp], buffer_dist[warp]);
 }
 
 #endif  // __CUDACC__

@@ -27,13 +27,10 @@
 //            cover it (or the grid). A cell is skipped when its box is provably farther; a run is
 //            left early once the K-th best is 0 (the rest can only tie with larger indices).
 //            K > 64: passes of 64, each taking the best candidates after the last one written.
-//   ball     K <= 128: one block per 32 sorted queries (grid_ball_cells_cuda.cuh): the queries of a
-//            cell share one candidate list (the runs of the cells of their reach boxes, staged in
-//            shared memory and sorted by index), which each scans in index order up to its K-th
-//            point inside: brute force's loop over the candidates only. Groups whose cells hold
-//            more than 512 points take one warp per query (grid_ball_warp_cuda.cuh): the lanes look
-//            up the cells, stride over their runs and keep the K smallest indices inside; a query
-//            whose cells hold more than a quarter of the cloud scans it in index order instead.
+//   ball     K <= 128: one warp per query (grid_ball_warp_cuda.cuh): the lanes look up the cells
+//            within the radius together, stride over their runs, append the points inside to a
+//            per-warp buffer and keep the K smallest indices; a query whose cells hold more than a
+//            quarter of the cloud scans it in index order instead (brute force's early exit).
 //            K > 128: one thread per query, the K smallest indices with d < r2 in a register list
 //            ordered by index, passes of 64 (each takes the next 64 indices above the last one
 //            written); a run is left as soon as its index passes the list's last.
@@ -69,7 +66,7 @@
 #include "common/cuda_utils.cuh"
 #include "common/hash_table.h"
 #include "grid/grid.h"
-#include "grid/grid_ball_cells_cuda.cuh"
+#include "grid/grid_ball_warp_cuda.cuh"
 #include "grid/grid_cuda.cuh"
 #include "neighbors/neighbors.h"
 
@@ -791,28 +788,25 @@ void launch_probe(const SearchArgs<acc_t, D>& a, const ProbeScratch& scratch) {
   }
 }
 
-template <typename acc_t, int D, int R>
-void launch_ball_cells(const SearchArgs<acc_t, D>& a) {
-  constexpr int warps = ball_cell_warps<acc_t>();
-  const int64_t blocks = ceil_div<int64_t>(a.B * a.N, 32);  // a block per 32 sorted queries
-  ball_grid_cells_kernel<acc_t, D, R>
-      <<<static_cast<unsigned>(blocks), 32 * warps, 0, c10::cuda::getCurrentCUDAStream()>>>(a);
+template <typename Kernel, typename Args>
+void launch_ball_warps(Kernel kernel, const Args& a) {
+  const int64_t blocks = ceil_div<int64_t>(a.B * a.N, kBallWarps);
+  kernel<<<static_cast<unsigned>(blocks), kBallWarpThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// K <= 128: a block per 32 sorted queries, one candidate list per cell (grid_ball_cells_cuda.cuh),
-// the per-query warp search's buffer of 32 R >= K + 32 slots where a cell's list does not fit.
+// K <= 128: a warp per query (grid_ball_warp_cuda.cuh), a buffer of 32 R >= K + 32 slots per warp.
 // Larger K: a thread per query, passes of 64.
 template <typename acc_t, int D>
 void launch_ball(const SearchArgs<acc_t, D>& a) {
   if (a.K <= 32) {
-    launch_ball_cells<acc_t, D, 2>(a);
+    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 2>, a);
   } else if (a.K <= 64) {
-    launch_ball_cells<acc_t, D, 3>(a);
+    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 3>, a);
   } else if (a.K <= 96) {
-    launch_ball_cells<acc_t, D, 4>(a);
+    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 4>, a);
   } else if (a.K <= kBallWarpMaxK) {
-    launch_ball_cells<acc_t, D, 5>(a);
+    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 5>, a);
   } else {
     launch_search(ball_grid_kernel<acc_t, D, 64>, a);  // passes of 64
   }

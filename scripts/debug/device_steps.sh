@@ -4,8 +4,8 @@
 #   memcheck-particle   compute-sanitizer memcheck on the particle-sum tests
 #   memcheck-probe      memcheck on the far-query probe and chunked-reduction tests
 #   memcheck-ball       memcheck on the CUDA ball-query tests of the grid and of test_neighbors.py
-#   racecheck-ball      racecheck on the crowded and cell-group ball tests (the shared staging of
-#                       grid_ball_cells_cuda.cuh)
+#   racecheck-ball      racecheck on the crowded and cell-group ball tests (the warp ball query's
+#                       shared buffers)
 #   check               grid_cuda_check.py check (random cases, grid vs brute bit for bit)
 #   ball                grid_cuda_check.py ball (the ball row, its kernels, grid vs brute)
 #   probe               grid_cuda_check.py probe (PROBE_CHAINS sweeps the latency bound's cost)
