@@ -17,8 +17,9 @@
 // second kernel, launched as a programmatic dependent launch on Hopper (cuda_utils.cuh): it is
 // resident while the first kernel drains and waits for its writes there, instead of being launched
 // after it (the sum of all 2^25 float32 elements: 0.90x torch without, 0.91-0.92x with, two H200s).
-// Sums: each thread adds a run of up to 8 terms (a vector's elements, or the rows loaded together) pairwise in the compute type (at most 3 roundings of the run's magnitude), then
-// accumulates the run sums in float64; other fns combine element by element in the compute type.
+// Sums: each thread adds a run of up to 8 terms (a vector's elements, or the rows loaded together)
+// pairwise in the compute type (at most 3 roundings of the run's magnitude), then accumulates the
+// run sums in float64; other fns combine element by element in the compute type.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <torch/library.h>

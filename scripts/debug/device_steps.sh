@@ -34,7 +34,7 @@ if want memcheck-particle; then
     tests/test_particle_sum.py -q -p no:cacheprovider -k "cuda and not compile"
 fi
 if want memcheck-probe; then
-  step memcheck-probe 150 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
+  step memcheck-probe 220 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
     tests/test_grid_search.py tests/test_strided.py -q -p no:cacheprovider -k "probe or chunked"
 fi
 if want probe; then
