@@ -115,6 +115,32 @@ def test_chamfer_grid_equals_brute(kind, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nearest_in_runs_of_every_length(dtype, device):
+    """CUDA's K = 1 search takes a cell's run 8 points at a time while 8 or more remain, then one
+    by one (csrc/grid/grid_cuda.cuh, knn_load_batch): clusters of 1 to 20 points 1 apart (a cell
+    each), indices shuffled so a run's order is not the order the points were made in, a query
+    near every point of every cluster (the nearest at each position of its run, inside and after
+    the batches), and duplicated tails whose distance-0 exit ends a run inside a batch."""
+    g = torch.Generator().manual_seed(3)
+    refs, queries = [], []
+    for length in range(1, 21):
+        center = torch.tensor([float(length), float(length % 3), 0.0], dtype=torch.float64)
+        points = center + 1e-3 * torch.rand(length, 3, generator=g, dtype=torch.float64)
+        if length % 4 == 0:
+            points[length // 2:] = points[length // 2]  # duplicates from the middle of the run on
+        refs.append(points)
+        queries.append(points + 1e-5 * torch.randn(length, 3, generator=g, dtype=torch.float64))
+        queries.append(points[length // 2:length // 2 + 1])  # exactly on a point: distance 0
+    y = torch.cat(refs)
+    y = y[torch.randperm(len(y), generator=g)][None].to(dtype).to(device)
+    x = torch.cat(queries)[None].to(dtype).to(device)
+    for norm in (1, 2):
+        both(lambda a: pointops.chamfer(x, y, norm=norm, algorithm=a))
+        both(lambda a: pointops.knn_points(x, y, K=1, norm=norm, algorithm=a)[:2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["uniform", "clustered", "nonfinite", "point"])
 def test_ragged_and_empty(kind, device):
     x, y = pair(kind, B=5, N=90, M=110, seed=3, device=device)

@@ -430,6 +430,14 @@ POINTOPS_GRID_HD int64_t sorted_query(const SearchArgs<acc_t, D>& a, int64_t t) 
   return static_cast<int64_t>(a.order[a.B * a.M + t]) - a.B * a.M;
 }
 
+// Points of a long run the knn search loads at once (see knn_search_query). Measured on an H100
+// (benchmarks/RESULTS.md, fourth session of 2026-11-26): 8 for K = 1 took the KITTI search kernel
+// from 0.76 to 0.47 ms; batches for K = 8-64 made uniform clouds 7-35% slower, so they keep 1.
+template <int KP>
+POINTOPS_GRID_HD constexpr int knn_load_batch() {
+  return KP == 1 ? 8 : 1;
+}
+
 // knn for the query at sorted position t: visit its cell (clamped into the grid), then Chebyshev
 // rings r = 1, 2, ... Once the K-th best is known, only the cells of the reach box can still hold a
 // candidate: the rings are cut to it, and the search ends once they cover it (or the grid). K = 1
@@ -475,11 +483,22 @@ POINTOPS_GRID_HD void knn_search_query(const SearchArgs<acc_t, D>& a, int64_t t)
           POINTOPS_GRID_COUNT(lookups);
           int32_t start, end;
           find_cell(a.table, a.mask, cell_key<D>(g, b, k, a.log2_cells), &start, &end);
-          for (int32_t s = start; s < end; ++s) {
-            const GridPoint<acc_t, D> p = a.points[s];
+          // A crowded cell (LiDAR near the sensor, a cluster) makes a long run: a serial chain of
+          // load-then-compare steps, and a launch with fewer queries than the GPU holds lasts as
+          // long as its longest chain. K = 1 takes such runs kBatch points at a time, every load
+          // issued before the first is used, then the points one by one in run order (the same
+          // comparisons as the plain loop). Short runs, and longer lists (whose registers are
+          // taken), keep the plain loop: batching them measured slower on uniform clouds.
+          constexpr int kBatch = knn_load_batch<KP>();
+          int32_t s = start;
+          bool done = false;
+          auto take = [&](const GridPoint<acc_t, D>& p) {
             // A run is in index order and no distance is below 0: once the last slot holds 0, the
             // rest of the run can only tie it with a larger index (duplicates, one-cell clouds).
-            if (best[KP - 1] == acc_t(0) && p.idx > best_idx[KP - 1]) break;
+            if (best[KP - 1] == acc_t(0) && p.idx > best_idx[KP - 1]) {
+              done = true;
+              return;
+            }
             POINTOPS_GRID_COUNT(points);
             const acc_t d = point_distance<D, metric>(q, p.c);
             if (precedes(d, p.idx, best[KP - 1], best_idx[KP - 1]) &&
@@ -491,7 +510,19 @@ POINTOPS_GRID_HD void knn_search_query(const SearchArgs<acc_t, D>& a, int64_t t)
                 insert_by_distance<KP>(best, best_idx, d, p.idx);
               }
             }
+          };
+          if constexpr (kBatch > 1) {
+            for (; s + kBatch <= end && !done; s += kBatch) {
+              GridPoint<acc_t, D> batch[kBatch];
+#pragma unroll
+              for (int j = 0; j < kBatch; ++j) batch[j] = a.points[s + j];
+#pragma unroll
+              for (int j = 0; j < kBatch; ++j) {
+                if (!done) take(batch[j]);
+              }
+            }
           }
+          for (; s < end && !done; ++s) take(a.points[s]);
         };
         for (int32_t r = 0;; ++r) {
           POINTOPS_GRID_COUNT(rings);
