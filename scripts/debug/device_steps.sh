@@ -8,6 +8,7 @@
 #                       shared buffers)
 #   check               grid_cuda_check.py check (random cases, grid vs brute bit for bit)
 #   ball                grid_cuda_check.py ball (the ball row, its kernels, grid vs brute)
+#   chamfer             grid_cuda_check.py chamfer (uniform 1M and the real scans, three rounds)
 #   probe               grid_cuda_check.py probe (PROBE_CHAINS sweeps the latency bound's cost)
 #   reduce              bench_strided.py's reduce rows, three runs
 #   step                scripts/debug/chamfer_step_probe.py (the Chamfer training step)
@@ -48,7 +49,7 @@ if want reduce; then
   done
 fi
 if want memcheck-ball; then
-  step memcheck-ball 200 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
+  step memcheck-ball "${MEMCHECK_BALL_S:-200}" compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
     tests/test_grid_search.py tests/test_neighbors.py -q -p no:cacheprovider -k "ball and cuda and not compile"
 fi
 if want racecheck-ball; then
@@ -60,6 +61,9 @@ if want check; then
 fi
 if want ball; then
   TAILN=100 step ball 300 python scripts/debug/grid_cuda_check.py ball
+fi
+if want chamfer; then
+  TAILN=8 step chamfer 150 python scripts/debug/grid_cuda_check.py chamfer
 fi
 if want step; then
   TAILN=40 step step 150 python scripts/debug/chamfer_step_probe.py

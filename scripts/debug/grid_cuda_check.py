@@ -9,6 +9,7 @@ bit, then timed with CUDA events. Needs pointops built with CUDA and a GPU.
     python scripts/debug/grid_cuda_check.py sweep        # knn times over POINTOPS_GRID_POINTS_PER_CELL
     python scripts/debug/grid_cuda_check.py tune         # crowding target, ball cell edge, ball grid vs brute
     python scripts/debug/grid_cuda_check.py ball         # the ball query alone: its kernels, cell edge, grid vs brute
+    python scripts/debug/grid_cuda_check.py chamfer      # the chamfer rows of `time`, three rounds (an A/B of builds)
 
 A mismatch prints the case (shape, sizes, dtype, seed) and the first differing rows; rerun it alone
 with `check` and the same seed. The logic of the search is also checked on the CPU, without a GPU,
@@ -255,7 +256,10 @@ def verify(a, b):
 
 
 def lidar_scans():
-    root = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "lidar"
+    repo = Path(__file__).resolve().parents[2]
+    root = repo.parent / "shared" / "data" / "lidar"
+    if not root.exists():  # the device machine: the git-ignored copy carried with the tree
+        root = repo / ".data" / "lidar"
     scans = {}
     kitti = root / "0000000000.bin"
     if kitti.exists():
@@ -524,6 +528,26 @@ def run_ball(g=None):
                       f"({tbr / tg:6.2f}x) {ok}", flush=True)
 
 
+def run_chamfer_rounds():
+    """The chamfer rows of `time` (uniform 1M x 1M, the real scans against their moved copies),
+    three rounds of 20 calls each: an A/B of one search change across two builds on one machine
+    (RESULTS: the K = 1 run batches), every grid result checked bitwise against brute force first."""
+    print("== chamfer rounds", torch.cuda.get_device_name(), "torch", torch.__version__)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    x, y = torch.rand(1, 1 << 20, 3, generator=g, device=DEV), torch.rand(1, 1 << 20, 3, generator=g, device=DEV)
+    cases = [("uniform 1M x 1M", x, y)] + [(name, s[None].to(DEV), rigid_motion(s[None].to(DEV)))
+                                           for name, s in lidar_scans().items()]
+    for name, a, b in cases:
+        grid = lambda: ops.chamfer(a, b, algorithm="grid")  # noqa: E731
+        brute = lambda: ops.chamfer(a, b, algorithm="brute")  # noqa: E731
+        ok = verify(grid(), brute())
+        FAILURES.extend([] if ok else [f"chamfer {name}"])
+        rounds = [timed(grid, repeat=20, warmup=3) for _ in range(3)]
+        brute_ms = timed(brute, repeat=3, warmup=1) if a.shape[1] < (1 << 20) else float("nan")
+        print(f"chamfer {name}: grid {' / '.join(f'{r:.3f}' for r in rounds)} ms, brute {brute_ms:.3f} ms, "
+              f"{'bitwise ok' if ok else 'MISMATCH'}", flush=True)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
     if what in ("all", "check"):
@@ -542,4 +566,6 @@ if __name__ == "__main__":
         run_tune()
     if what == "ball":
         run_ball()
+    if what == "chamfer":
+        run_chamfer_rounds()
     sys.exit(1 if FAILURES else 0)

@@ -12,7 +12,9 @@
 //       enumerated, hash lookups, distances, rings / passes), 500 queries checked against brute force
 //   scripts/debug/grid_host_check.sh scan FILE FLOATS_PER_POINT[h] [points_per_cell,...]
 //       a real scan (headerless float32, or float16 with 'h'; x y z first) against itself after grid_cuda_check.py's rigid
-//       motion, K = 1 both directions: the work per query and the host search time for each cell rule
+//       motion, K = 1 both directions: the work per query and the host search time for each cell rule;
+//       SCAN_TAIL=1 also searches every query and prints the tail (per query and per warp of 32
+//       sorted queries), what a launch with fewer queries than the GPU holds waits for
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -525,6 +527,30 @@ int scan_model(const char* path, int stride, bool half, const std::vector<double
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t t = 0; t < M; t += kScanSample) knn_search_query<acc_t, 3, Metric::kSquaredL2, 1>(a, t);
       seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (std::getenv("SCAN_TAIL") != nullptr) {  // every query: the tail a latency-bound launch waits for
+        const Stats before = g_stats;
+        std::vector<int64_t> work(M), lookups_of(M), warp_max;
+        for (int64_t t = 0; t < M; ++t) {
+          const int64_t p0 = g_stats.points, l0 = g_stats.lookups;
+          knn_search_query<acc_t, 3, Metric::kSquaredL2, 1>(a, t);
+          work[t] = (g_stats.points - p0) + 4 * (g_stats.lookups - l0);  // distances + 4 per lookup
+          lookups_of[t] = g_stats.lookups - l0;
+        }
+        const int64_t worst = std::max_element(work.begin(), work.end()) - work.begin();
+        std::printf("  dir %d slowest query: %" PRId64 " distances, %" PRId64 " lookups\n", dir,
+                    work[worst] - 4 * lookups_of[worst], lookups_of[worst]);
+        for (int64_t w = 0; w < M; w += 32)
+          warp_max.push_back(*std::max_element(work.begin() + w, work.begin() + std::min(M, w + 32)));
+        std::vector<int64_t> sorted = work;
+        std::sort(sorted.begin(), sorted.end());
+        std::sort(warp_max.begin(), warp_max.end());
+        const double mean = std::accumulate(work.begin(), work.end(), 0.0) / M;
+        std::printf("  dir %d work per query (distances + 4 x lookups): mean %.0f, p99 %" PRId64 ", p99.9 %" PRId64
+                    ", max %" PRId64 "; per warp of 32 sorted queries, max lane: median %" PRId64 ", p99 %" PRId64
+                    ", max %" PRId64 "\n", dir, mean, sorted[M * 99 / 100], sorted[M * 999 / 1000], sorted[M - 1],
+                    warp_max[warp_max.size() / 2], warp_max[warp_max.size() * 99 / 100], warp_max.back());
+        g_stats = before;
+      }
       total.cells += g_stats.cells, total.lookups += g_stats.lookups, total.points += g_stats.points;
       total.rings += g_stats.rings;
     }
