@@ -432,7 +432,8 @@ POINTOPS_GRID_HD int64_t sorted_query(const SearchArgs<acc_t, D>& a, int64_t t) 
 
 // Points of a long run the knn search loads at once (see knn_search_query). Measured on an H100
 // (benchmarks/RESULTS.md, fourth session of 2026-11-26): 8 for K = 1 took the KITTI search kernel
-// from 0.76 to 0.47 ms; batches for K = 8-64 made uniform clouds 7-35% slower, so they keep 1.
+// from 0.76 to 0.43 ms; batches for K > 1 gained nothing on uniform clouds and cost K = 64 35%,
+// so they keep 1.
 template <int KP>
 POINTOPS_GRID_HD constexpr int knn_load_batch() {
   return KP == 1 ? 8 : 1;
