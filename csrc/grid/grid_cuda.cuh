@@ -432,8 +432,8 @@ POINTOPS_GRID_HD int64_t sorted_query(const SearchArgs<acc_t, D>& a, int64_t t) 
 
 // Points of a long run the knn search loads at once (see knn_search_query). Measured on an H100
 // (benchmarks/RESULTS.md, fourth session of 2026-11-26): 8 for K = 1 took the KITTI search kernel
-// from 0.76 to 0.43 ms; batches for K > 1 gained nothing on uniform clouds and cost K = 64 35%,
-// so they keep 1.
+// from 0.76 to 0.43 ms; batches for K > 1 gained nothing on uniform clouds and cost K = 64 about a
+// third, so they keep 1.
 template <int KP>
 POINTOPS_GRID_HD constexpr int knn_load_batch() {
   return KP == 1 ? 8 : 1;
@@ -485,8 +485,8 @@ POINTOPS_GRID_HD void knn_search_query(const SearchArgs<acc_t, D>& a, int64_t t)
           int32_t start, end;
           find_cell(a.table, a.mask, cell_key<D>(g, b, k, a.log2_cells), &start, &end);
           // A crowded cell (LiDAR near the sensor, a cluster) makes a long run: a serial chain of
-          // load-then-compare steps, and a launch with fewer queries than the GPU holds lasts as
-          // long as its longest chain. K = 1 takes such runs kBatch points at a time, every load
+          // load-then-compare steps, and a launch of about one wave lasts about as long as its
+          // longest chains. K = 1 takes such runs kBatch points at a time, every load
           // issued before the first is used, then the points one by one in run order (the same
           // comparisons as the plain loop). Short runs, and longer lists (whose registers are
           // taken), keep the plain loop: batching them measured slower on uniform clouds.

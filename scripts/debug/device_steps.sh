@@ -2,7 +2,8 @@
 # Device calls after scripts/gpu_check.sh's build stage on the same (warm) machine, each step with its
 # own time limit, logs in one tarball in $OUT:
 #   memcheck-particle   compute-sanitizer memcheck on the particle-sum tests
-#   memcheck-probe      memcheck on the far-query probe and chunked-reduction tests
+#   memcheck-probe      memcheck on the far-query probe and chunked-reduction tests, and the K = 1
+#                       run batches' test (test_nearest_in_runs_of_every_length)
 #   memcheck-ball       memcheck on the CUDA ball-query tests of the grid and of test_neighbors.py
 #   racecheck-ball      racecheck on the crowded and cell-group ball tests (the warp ball query's
 #                       shared buffers)
@@ -14,6 +15,8 @@
 #   step                scripts/debug/chamfer_step_probe.py (the Chamfer training step)
 #   overhead            benchmarks/bench_overhead.py --device cuda
 #   STEPS="memcheck-ball racecheck-ball ball" scripts/debug/device_steps.sh
+# MEMCHECK_BALL_S sets memcheck-ball's limit (default 200 s; the whole set needs 10-12 minutes, most of
+# it test_ball_query_gradcheck_and_gradgradcheck[grid-cuda]).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/burst}
@@ -36,7 +39,7 @@ if want memcheck-particle; then
 fi
 if want memcheck-probe; then
   step memcheck-probe 220 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
-    tests/test_grid_search.py tests/test_strided.py -q -p no:cacheprovider -k "probe or chunked"
+    tests/test_grid_search.py tests/test_strided.py -q -p no:cacheprovider -k "probe or chunked or runs_of_every_length"
 fi
 if want probe; then
   # PROBE_CHAINS="0,1e6,4e6,1.6e7" sweeps the latency bound's cost (POINTOPS_GRID_PROBE_CHAIN)

@@ -535,8 +535,11 @@ def run_chamfer_rounds():
     print("== chamfer rounds", torch.cuda.get_device_name(), "torch", torch.__version__)
     g = torch.Generator(device=DEV).manual_seed(0)
     x, y = torch.rand(1, 1 << 20, 3, generator=g, device=DEV), torch.rand(1, 1 << 20, 3, generator=g, device=DEV)
+    scans = lidar_scans()
+    if not scans:
+        print("WARNING: no LiDAR scans found (../shared/data/lidar or .data/lidar): uniform only", flush=True)
     cases = [("uniform 1M x 1M", x, y)] + [(name, s[None].to(DEV), rigid_motion(s[None].to(DEV)))
-                                           for name, s in lidar_scans().items()]
+                                           for name, s in scans.items()]
     for name, a, b in cases:
         grid = lambda: ops.chamfer(a, b, algorithm="grid")  # noqa: E731
         brute = lambda: ops.chamfer(a, b, algorithm="brute")  # noqa: E731

@@ -14,7 +14,7 @@
 //       a real scan (headerless float32, or float16 with 'h'; x y z first) against itself after grid_cuda_check.py's rigid
 //       motion, K = 1 both directions: the work per query and the host search time for each cell rule;
 //       SCAN_TAIL=1 also searches every query and prints the tail (per query and per warp of 32
-//       sorted queries), what a launch with fewer queries than the GPU holds waits for
+//       sorted queries), what a launch of about one wave waits for
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
