@@ -9,11 +9,14 @@
 #                       shared buffers)
 #   check               grid_cuda_check.py check (random cases, grid vs brute bit for bit)
 #   ball                grid_cuda_check.py ball (the issue's ball row, its kernels, grid vs brute)
-#   chamfer             grid_cuda_check.py chamfer (uniform 1M and the real scans, three rounds)
+#   chamfer             grid_cuda_check.py chamfer (uniform 1M, the real scans, two small batches;
+#                       three rounds)
 #   probe               grid_cuda_check.py probe (PROBE_CHAINS sweeps the latency bound's cost)
 #   reduce              bench_strided.py's reduce rows, three runs
 #   step                scripts/debug/chamfer_step_probe.py (the Chamfer training step)
 #   overhead            benchmarks/bench_overhead.py --device cuda
+#   tune                grid_cuda_check.py tune over TUNE_CROWDING (default 24,48,64,96,128,192), no ball
+#   ncu-grid            ncu on one knn grid search kernel (KITTI moved vs scan) and one ball grid kernel
 #   STEPS="memcheck-ball racecheck-ball ball" scripts/debug/device_steps.sh
 # MEMCHECK_BALL_S sets memcheck-ball's limit (default 200 s; the whole set needs 10-12 minutes, most of
 # it test_ball_query_gradcheck_and_gradgradcheck[grid-cuda]).
@@ -70,6 +73,18 @@ if want chamfer; then
 fi
 if want step; then
   TAILN=40 step step 150 python scripts/debug/chamfer_step_probe.py
+fi
+if want tune; then
+  TAILN=40 step tune 200 env TUNE_BALL=0 TUNE_CROWDING="${TUNE_CROWDING:-24,48,64,96,128,192}" \
+    python scripts/debug/grid_cuda_check.py tune
+fi
+if want ncu-grid; then
+  for case in KITTI "ball K=64"; do
+    name="ncu-$(echo "$case" | tr -c 'A-Za-z0-9' '_')"
+    TAILN=60 step "$name" 150 ncu --kernel-name regex:"(knn|ball)_grid" --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis --section SchedulerStats python scripts/debug/grid_profile.py "$case"
+  done
 fi
 if want overhead; then
   TAILN=40 step overhead 200 python benchmarks/bench_overhead.py --device cuda

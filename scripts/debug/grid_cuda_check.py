@@ -529,9 +529,10 @@ def run_ball(g=None):
 
 
 def run_chamfer_rounds():
-    """The chamfer rows of `time` (uniform 1M x 1M, the real scans against their moved copies),
-    three rounds of 20 calls each: an A/B of one search change across two builds on one machine
-    (RESULTS: the K = 1 run batches), every grid result checked bitwise against brute force first."""
+    """The chamfer rows of `time` (uniform 1M x 1M, the real scans against their moved copies, and two
+    small uniform batches), three rounds of 20 calls each: an A/B of one search change across two
+    builds on one machine (RESULTS: the K = 1 run batches), every grid result checked bitwise against
+    brute force first."""
     print("== chamfer rounds", torch.cuda.get_device_name(), "torch", torch.__version__)
     g = torch.Generator(device=DEV).manual_seed(0)
     x, y = torch.rand(1, 1 << 20, 3, generator=g, device=DEV), torch.rand(1, 1 << 20, 3, generator=g, device=DEV)
@@ -540,6 +541,8 @@ def run_chamfer_rounds():
         print("WARNING: no LiDAR scans found (../shared/data/lidar or .data/lidar): uniform only", flush=True)
     cases = [("uniform 1M x 1M", x, y)] + [(name, s[None].to(DEV), rigid_motion(s[None].to(DEV)))
                                            for name, s in scans.items()]
+    cases += [(f"uniform {B} x {n}^2", torch.rand(B, n, 3, generator=g, device=DEV),
+               torch.rand(B, n, 3, generator=g, device=DEV)) for B, n in ((8, 8192), (1, 65536))]
     for name, a, b in cases:
         grid = lambda: ops.chamfer(a, b, algorithm="grid")  # noqa: E731
         brute = lambda: ops.chamfer(a, b, algorithm="brute")  # noqa: E731
@@ -547,8 +550,8 @@ def run_chamfer_rounds():
         FAILURES.extend([] if ok else [f"chamfer {name}"])
         rounds = [timed(grid, repeat=20, warmup=3) for _ in range(3)]
         brute_ms = timed(brute, repeat=3, warmup=1) if a.shape[1] < (1 << 20) else float("nan")
-        print(f"chamfer {name}: grid {' / '.join(f'{r:.3f}' for r in rounds)} ms, brute {brute_ms:.3f} ms, "
-              f"{'bitwise ok' if ok else 'MISMATCH'}", flush=True)
+        print(f"chamfer {name}: grid {' / '.join(f'{r:.3f}' for r in rounds)} ms, brute {brute_ms:.3f} ms "
+              f"({brute_ms / sorted(rounds)[1]:.1f}x the median), {'bitwise ok' if ok else 'MISMATCH'}", flush=True)
 
 
 if __name__ == "__main__":
