@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Device calls after scripts/gpu_check.sh's build stage on the same (warm) machine, each step with its
 # own time limit, logs in one tarball in $OUT:
+#   build               pip install -e . (the README's build) unless pointops/_C is built: a call that
+#                       finds a fresh machine (the warm one goes back after 30 s idle) builds first
 #   memcheck-particle   compute-sanitizer memcheck on the particle-sum tests
 #   memcheck-probe      memcheck on the far-query probe and chunked-reduction tests, and the K = 1
 #                       run batches' test (test_nearest_in_runs_of_every_length)
@@ -17,6 +19,9 @@
 #   overhead            benchmarks/bench_overhead.py --device cuda
 #   tune                grid_cuda_check.py tune over TUNE_CROWDING (default 24,48,64,96,128,192), no ball
 #   ncu-grid            ncu on one knn grid search kernel (KITTI moved vs scan) and one ball grid kernel
+#   streams             chamfer's two directions side by side (chamfer_cuda.cu, run_side_by_side): its
+#                       tests, the same under memcheck, reserved memory over many calls
+#                       (chamfer_stream_memory.py), then the chamfer rounds
 #   STEPS="memcheck-ball racecheck-ball ball" scripts/debug/device_steps.sh
 # MEMCHECK_BALL_S sets memcheck-ball's limit (default 200 s; the whole set needs 10-12 minutes, most of
 # it test_ball_query_gradcheck_and_gradgradcheck[grid-cuda]).
@@ -36,6 +41,18 @@ step() {  # name, seconds, command...
   echo "   rc=$? ($(date +%T))"
   tail -n "${TAILN:-4}" "$OUT/logs/$name.log"
 }
+if want build; then
+  # Test for the built module's file, never `import pointops`: without pointops/_C the import
+  # JIT-builds, and a JIT build killed by a time limit leaves torch's lock behind, on which every
+  # later import on that machine waits for ever.
+  suffix=$(python -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+  rm -f "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"/*/pointops_C_*/lock
+  if [ -f "pointops/_C$suffix" ]; then echo "== build: pointops/_C$suffix is there"
+  else
+    MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
+      step build 420 python -m pip install --no-build-isolation --no-deps -e .
+  fi
+fi
 if want memcheck-particle; then
   step memcheck-particle 170 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
     tests/test_particle_sum.py -q -p no:cacheprovider -k "cuda and not compile"
@@ -85,6 +102,14 @@ if want ncu-grid; then
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section MemoryWorkloadAnalysis --section SchedulerStats python scripts/debug/grid_profile.py "$case"
   done
+fi
+if want streams; then
+  TAILN=3 step streams-tests 120 python -m pytest tests/test_grid_search.py -q -p no:cacheprovider \
+    -k "side_by_side or side_stream or probed_auto or (chamfer_grid_equals_brute and cuda)"
+  TAILN=12 step streams-memory 60 python scripts/debug/chamfer_stream_memory.py
+  TAILN=8 step chamfer 150 python scripts/debug/grid_cuda_check.py chamfer
+  TAILN=3 step streams-memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
+    tests/test_grid_search.py -q -p no:cacheprovider -k "side_by_side or side_stream or probed_auto"
 fi
 if want overhead; then
   TAILN=40 step overhead 200 python benchmarks/bench_overhead.py --device cuda
