@@ -19,7 +19,7 @@ for f in "${files[@]}"; do
     -Icsrc "${TORCH_INCLUDES[@]}" -I"$PY_INCLUDE" -D_GLIBCXX_USE_CXX11_ABI="$ABI" \
     -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE \
     -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ \
-    -D__CUDA_NO_HALF2_OPERATORS__ -Xcompiler -fPIC
+    -D__CUDA_NO_HALF2_OPERATORS__ -Xcompiler -fPIC ${NVCC_EXTRA:-}
 done
 rm -rf "$out"
 echo "nvcc check: ${#files[@]} file(s) compiled"

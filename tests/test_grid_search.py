@@ -286,6 +286,22 @@ def test_ball_query_grid_cell_groups(cell, device, monkeypatch):
         both(lambda a: pointops.ball_query(p1_2d, p2_2d, l1, l2, K=32, radius=radius, algorithm=a)[:2])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_ball_query_grid_dense_cells(device):
+    """Dense cells, as in issue 18's ball row: ~12 references and ~24 queries per cell of edge r, so
+    32 consecutive sorted queries (a CUDA warp's worth) share one or two cells; ragged clouds whose
+    sizes are not multiples of 32; K = 8, which every ball fills early (the index-window early exit),
+    and 50 / 64, about the ~50 hits of a ball. D = 2 too."""
+    g = torch.Generator().manual_seed(53)
+    p1 = torch.rand(3, 3000, 3, generator=g).to(device)
+    p2 = torch.rand(3, 1500, 3, generator=g).to(device)
+    l1, l2 = torch.tensor([3000, 2011, 997], device=device), torch.tensor([1500, 1500, 1203], device=device)
+    for K in (1, 8, 50, 64):
+        both(lambda a: pointops.ball_query(p1, p2, l1, l2, K=K, radius=0.2, algorithm=a)[:2])
+    p1_2d, p2_2d = p1[..., :2].contiguous(), p2[..., :2].contiguous()
+    both(lambda a: pointops.ball_query(p1_2d, p2_2d, l1, l2, K=32, radius=0.05, algorithm=a)[:2])
+
+
 @requires_cuda
 @pytest.mark.parametrize("target", ["0", "8", "96", "1000"])
 def test_crowding_refinement_cuda(target, monkeypatch):

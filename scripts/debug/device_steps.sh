@@ -7,8 +7,9 @@
 #   memcheck-probe      memcheck on the far-query probe and chunked-reduction tests, and the K = 1
 #                       run batches' test (test_nearest_in_runs_of_every_length)
 #   memcheck-ball       memcheck on the CUDA ball-query tests of the grid and of test_neighbors.py
-#   racecheck-ball      racecheck on the crowded and cell-group ball tests (the warp ball query's
-#                       shared buffers)
+#   racecheck-ball      racecheck on the crowded, cell-group and dense-cell ball tests (the warp ball
+#                       query's shared buffers)
+#   ball-tests          the CUDA ball-query tests of the grid and of test_neighbors.py
 #   check               grid_cuda_check.py check (random cases, grid vs brute bit for bit)
 #   ball                grid_cuda_check.py ball (the issue's ball row, its kernels, grid vs brute)
 #   chamfer             grid_cuda_check.py chamfer (uniform 1M, the real scans, two small batches;
@@ -77,7 +78,11 @@ if want memcheck-ball; then
 fi
 if want racecheck-ball; then
   step racecheck-ball 200 compute-sanitizer --tool racecheck --error-exitcode 9 python -m pytest \
-    tests/test_grid_search.py -q -p no:cacheprovider -k "(cell_groups or crowded) and cuda"
+    tests/test_grid_search.py -q -p no:cacheprovider -k "(cell_groups or crowded or dense_cells) and cuda"
+fi
+if want ball-tests; then
+  TAILN=3 step ball-tests 200 python -m pytest tests/test_grid_search.py tests/test_neighbors.py -q \
+    -p no:cacheprovider -k "ball and cuda and not compile"
 fi
 if want check; then
   TAILN=6 step check 200 python scripts/debug/grid_cuda_check.py check "${CHECK_CASES:-300}"
