@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Compile every csrc/**/*.cu with nvcc against the installed torch's headers (-c only): a syntax and
 # template-instantiation check for machines without a GPU. Usage: scripts/nvcc_check.sh [files...]
+# NVCC_EXTRA adds flags, e.g. NVCC_EXTRA="-Xptxas -v" for every kernel's registers, shared memory and
+# spills (sm_90 unless NVCC_CHECK_ARCH says otherwise).
 # A CPU-only torch wheel ships the c10/cuda headers but not the cmake-generated
 # c10/cuda/impl/cuda_cmake_macros.h (it only sets Windows export macros), hence
 # C10_CUDA_NO_CMAKE_CONFIGURE_FILE below.
