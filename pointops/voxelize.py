@@ -141,17 +141,29 @@ def _check_python_arguments(points, batch, voxel_size, point_range) -> tuple[lis
 _ONLY_FLOAT = {float}
 
 
+# The last (voxel_size, point_range) pair of tuples that passed _plain_arguments, held so that their
+# identities cannot be reused: a tuple of floats cannot change, so the same two objects pass again.
+_last_plain = ((), ())
+
+
 def _plain_arguments(points, batch, voxel_size, point_range) -> bool:
     """True for the common call (tensors, sequences of Python floats), which the op takes as is.
     One set over both sequences: the per-argument checks above cost more than the op's binding
-    on a small call (issue 19); anything else takes them."""
+    on a small call (issue 19); anything else takes them. A training loop passes the same two
+    tuples every call (Voxelizer does): those are recognised by identity, without the set."""
+    global _last_plain
+    if voxel_size is _last_plain[0] and point_range is _last_plain[1]:
+        return isinstance(points, Tensor) and (batch is None or isinstance(batch, Tensor))
     try:
-        return ((type(voxel_size) is list or type(voxel_size) is tuple)
-                and (type(point_range) is list or type(point_range) is tuple)
-                and {*map(type, voxel_size), *map(type, point_range)} == _ONLY_FLOAT
-                and isinstance(points, Tensor) and (batch is None or isinstance(batch, Tensor)))
+        plain = ((type(voxel_size) is list or type(voxel_size) is tuple)
+                 and (type(point_range) is list or type(point_range) is tuple)
+                 and {*map(type, voxel_size), *map(type, point_range)} == _ONLY_FLOAT
+                 and isinstance(points, Tensor) and (batch is None or isinstance(batch, Tensor)))
     except TypeError:
         return False
+    if plain and type(voxel_size) is tuple and type(point_range) is tuple:
+        _last_plain = (voxel_size, point_range)
+    return plain
 
 
 def voxelize(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, max_points_per_voxel: int,
@@ -190,8 +202,8 @@ def voxelize(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, max_po
         vs, pr = voxel_size, point_range
     else:
         vs, pr = _check_python_arguments(points, batch, voxel_size, point_range)
-    if not (type(max_points_per_voxel) is int and type(max_voxels) is int and max(max_points_per_voxel, max_voxels)
-            <= _INT64_MAX):  # plain ints in range (the lower bounds are the op's checks): nothing to convert
+    if not (type(max_points_per_voxel) is int and type(max_voxels) is int and max_points_per_voxel <= _INT64_MAX
+            and max_voxels <= _INT64_MAX):  # plain ints in range (the lower bounds are the op's checks)
         max_points_per_voxel = _int(max_points_per_voxel, "max_points_per_voxel")
         max_voxels = _int(max_voxels, "max_voxels")
     if padded is not False and _flag(padded, "padded"):

@@ -157,6 +157,25 @@ def test_voxel_points_and_batch_types(op):
         call(torch.rand(3, 3), batch=[0, 0, 0])
 
 
+@pytest.mark.parametrize("op", ["voxelize", "voxel_features"])
+def test_voxel_type_checks_after_a_recognised_call(op):
+    """voxelize recognises the tuples of its last plain call by identity (issue 19: the per-call
+    checks of the sequences are skipped for them); the tensor arguments are still checked."""
+    vs, pr = tuple(VOXEL), tuple(RANGE)
+    call = ((lambda p, **kw: pointops.voxelize(p, vs, pr, 4, 10, **kw)) if op == "voxelize"
+            else (lambda p, **kw: pointops.voxel_features(p, vs, pr, **kw)))
+    call(torch.rand(3, 3))  # recognised from here on
+    with pytest.raises(TypeError, match=r"voxelize: points must be a tensor \(N, F\), got list"):
+        call([[0.5, 0.5, 0.5]])
+    with pytest.raises(TypeError, match=r"voxelize: batch must be a tensor \(N,\) int64 or None, got list"):
+        call(torch.rand(3, 3), batch=[0, 0, 0])
+    p = torch.rand(5, 3) * 4
+    fresh = (pointops.voxelize(p, list(VOXEL), list(RANGE), 4, 10) if op == "voxelize"
+             else pointops.voxel_features(p, list(VOXEL), list(RANGE)))
+    for got, want in zip(call(p), fresh):  # the same result as a call that takes every check
+        assert (got is None and want is None) or torch.equal(got, want)
+
+
 @pytest.mark.parametrize("name", ["voxel_size", "point_range"])
 def test_voxel_float_sequences(name):
     good = {"voxel_size": VOXEL, "point_range": RANGE}[name]
