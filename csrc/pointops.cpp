@@ -98,7 +98,7 @@ TORCH_LIBRARY(pointops, m) {
   m.def("strided_zip(Tensor a, Tensor b, str fn) -> Tensor");
   m.def("strided_zip_out(Tensor a, Tensor b, str fn, Tensor(a!) out) -> ()");
   // fn "sum", "prod", "max", "min" over dim (None or [] = every dim, as torch.sum); deterministic.
-  m.def("strided_reduce(Tensor x, int[]? dim=None, str fn=\"sum\", bool keepdim=False) -> Tensor");
+  m.def("strided_reduce(Tensor x, int[1]? dim=None, str fn=\"sum\", bool keepdim=False) -> Tensor");
   // (..., n, k) @ (..., k, m), batch dims broadcast; float32 in IEEE float32 (no TF32).
   m.def("strided_matmul(Tensor a, Tensor b) -> Tensor");
 }

@@ -114,10 +114,10 @@ def reduce(x: Tensor, dim: Union[int, Sequence[int], None] = None, fn: str = "su
     dim: an int (negative counts from the end), a tuple of distinct ints, or None for every dim.
     keepdim keeps the reduced dims with size 1. Deterministic (see the module docstring).
     """
-    if isinstance(dim, int):
-        dim = (dim,)  # a tuple converts to the op's int[] a little faster than a list
-    elif dim is not None and type(dim) is not tuple:
-        dim = tuple(dim)
+    # The op's dim is int[1]? (as torch.sum's): a plain int binds to it directly, ~0.3 us less than
+    # a one-element tuple (issue 19); a tuple binds faster than a list.
+    if type(dim) is not int and dim is not None and type(dim) is not tuple:
+        dim = (dim,) if isinstance(dim, int) else tuple(dim)
     return _REDUCE(x, dim, fn, keepdim)
 
 
@@ -150,6 +150,8 @@ def _zip_shape(a, b, what="zip"):
 
 
 def _reduced_dims(x, dim):
+    if isinstance(dim, int):
+        dim = (dim,)
     if not dim:
         return list(range(x.dim()))
     rng = max(x.dim(), 1)

@@ -536,6 +536,7 @@ def test_opcheck(device):
     torch.library.opcheck(ops.strided_zip.default, (x, b, "mul"))
     torch.library.opcheck(ops.strided_zip.default, (x, b, "max"))
     torch.library.opcheck(ops.strided_reduce.default, (x, [0], "sum", False))
+    torch.library.opcheck(ops.strided_reduce.default, (x, -1, "sum", True))  # int[1]?: a plain int
     torch.library.opcheck(ops.strided_reduce.default, (x, None, "max", True))
     torch.library.opcheck(ops.strided_matmul.default, (x, make((6, 3), "transposed", device=device, gen=g,
                                                                 requires_grad=True)))

@@ -8,7 +8,7 @@
 //     strided_map_out(Tensor x, str fn, Tensor(a!) out) -> ()
 //     strided_zip(Tensor a, Tensor b, str fn) -> Tensor
 //     strided_zip_out(Tensor a, Tensor b, str fn, Tensor(a!) out) -> ()
-//     strided_reduce(Tensor x, int[]? dim=None, str fn="sum", bool keepdim=False) -> Tensor
+//     strided_reduce(Tensor x, int[1]? dim=None, str fn="sum", bool keepdim=False) -> Tensor
 //     strided_matmul(Tensor a, Tensor b) -> Tensor
 //   A mutating op returning `()` is what torch.compile's auto_functionalize handles in every torch
 //   version we support (2.11 and 2.13; returning an alias `Tensor(a!)` is accepted only for ops named
