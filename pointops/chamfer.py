@@ -25,14 +25,14 @@ small cloud stays brute force; on 2 CPU cores a 200k x 200k ``chamfer`` takes ~0
 ~30 s by brute force). On the CPU the built grid is then probed with a sample of the queries, and
 a call whose queries are far from the references (a blob inside a target surface: 2-10x slower
 on the grid) goes to brute force instead. On CUDA the sizes come first: M >= 8192 and
-B N >= 4096, and B N M >= 1e9 for one neighbour or >= 5e8 for knn with 2 <= K <= 32; one neighbour
+B N >= 4096, and B N M >= 1e9 for one neighbour or >= 5e8 for knn with 2 <= K <= 16; one neighbour
 (this module's searches, ``chamfer_distance``) also needs M >= 65536 references per cloud, because
 queries far from every reference (a generator's output early in training) cost the grid far more
 than brute force: measured 0.6x at 128 x 8192^2 for predictions 0.1 off their surfaces. Past those
-sizes, one neighbour's grid is probed on the device with a sample of each cloud's queries, and
-clouds whose queries are far from their references go to brute force, in the same call and
-without a host sync (two H200s: a blob inside a sphere 0.91x brute force's speed at 65536 points,
-against 0.08x on the grid). K > 32
+sizes, the grid is probed on the device with a sample of each cloud's queries (one neighbour, and
+knn with K <= 16), and clouds whose queries are far from their references go to brute force, in
+the same call and without a host sync (two H200s: a blob inside a sphere 0.91x brute force's speed
+at 65536 points, against 0.08x on the grid). K > 16
 stays brute force; ``ball_query`` takes the grid for D = 3, K <= 128, M >= 16384, B N >= 65536
 (``"grid"`` / ``"brute"`` force either). On an H100 a 1M x 1M ``chamfer`` takes 1.6 ms on the
 grid, 574 ms by brute force.

@@ -488,6 +488,58 @@ def test_auto_probe_in_2d_and_one_direction(scale, monkeypatch):
 
 
 @requires_cuda
+@pytest.mark.parametrize("scale", ["default", "0", "1e30"])
+@pytest.mark.parametrize("K,dtype", [(4, torch.float32), (16, torch.float16), (16, torch.float64),
+                                     (32, torch.float32), (32, torch.float64)])
+def test_auto_probes_far_queries_for_lists_on_cuda(K, dtype, scale, monkeypatch, capfd):
+    # knn_points with 2 <= K <= 16 at sizes the list rule gives to the grid (8192 references, 5.4e8
+    # pairs): "auto" probes each cloud as for K = 1. The blob clouds (even) go to brute force, the
+    # near ones (odd) stay on the grid, and brute force writes its clouds into the grid's outputs.
+    # Scale 0 gives every cloud to the grid, 1e30 every cloud to brute force. K = 32 is brute force
+    # alone under "auto" (no grid, no probe). Results are brute force's bit for bit.
+    if scale != "default":
+        monkeypatch.setenv("POINTOPS_GRID_PROBE_SCALE", scale)
+    g = torch.Generator().manual_seed(37)
+    x, y = sphere_and_blob(8, 8192, g, "cuda")
+    x, y = x.to(dtype), y.to(dtype)
+    lengths1 = torch.tensor([8192, 8000, 0, 8192, 5000, 8192, 8192, 1]).cuda()
+    lengths2 = torch.tensor([8192, 8192, 8192, 0, 8192, 4000, 8192, K - 1]).cuda()
+    monkeypatch.setenv("POINTOPS_GRID_PROBE_DEBUG", "1")  # the choices of clouds 0-3 on stderr (a host sync)
+    capfd.readouterr()
+    got = pointops.knn_points(x, y, K=K)[:2]
+    printed = capfd.readouterr().err
+    monkeypatch.delenv("POINTOPS_GRID_PROBE_DEBUG")
+    assert_same(got, pointops.knn_points(x, y, K=K, algorithm="brute")[:2])
+    if K > 16:
+        assert "grid probe" not in printed
+    elif scale == "default":
+        assert "cloud 0 of 8" in printed and "cloud 1 of 8" in printed, printed
+        choices = [line.rsplit(" ", 1)[-1] for line in printed.splitlines() if line.startswith("grid probe: cloud")]
+        assert choices[:4] == ["brute", "grid", "brute", "grid"], printed
+    assert_same(pointops.knn_points(x, y, lengths1, lengths2, K=K)[:2],
+                pointops.knn_points(x, y, lengths1, lengths2, K=K, algorithm="brute")[:2])
+    assert_same(pointops.knn_points(x, y, K=K, norm=1)[:2], pointops.knn_points(x, y, K=K, norm=1, algorithm="brute")[:2])
+
+
+@requires_cuda
+def test_probed_auto_lists_in_a_cuda_graph():
+    # knn_points K > 1: the probe's choice on the device, brute force behind it; captured and replayed
+    # with the far cloud moved, each replay equals an eager call bit for bit.
+    from conftest import check_cuda_graph
+
+    g = torch.Generator().manual_seed(41)
+    x, y = sphere_and_blob(8, 8192, g, "cuda")
+
+    def refill(seed):
+        xs, ys = sphere_and_blob(8, 8192, torch.Generator().manual_seed(seed), "cuda")
+        x.copy_(xs.roll(seed, 0))
+        y.copy_(ys.roll(seed, 0))
+
+    check_cuda_graph(lambda: pointops.knn_points(x, y, K=8)[:2], refill, exact=(0, 1))
+    assert_same(pointops.knn_points(x, y, K=8)[:2], pointops.knn_points(x, y, K=8, algorithm="brute")[:2])
+
+
+@requires_cuda
 def test_probed_auto_in_a_cuda_graph():
     # The probe's choice lives on the device: "auto" captures in a CUDA graph (no host sync) and a
     # replay after moving the queries far away (or back) chooses again.

@@ -42,7 +42,7 @@ bool grid_supports_dim(int64_t dim);
 // dimensions, K neighbours (K = 1 for nearest_neighbor/chamfer). Decided from sizes only (no host
 // sync); documented in README and measured in benchmarks/RESULTS.md. Where the caller lets it
 // decline ("auto"), the grid then probes the data: on the CPU knn_grid_cpu hands the whole call back,
-// on CUDA (K = 1) a device-side choice per cloud (knn_grid_cuda's probe_choice, below).
+// on CUDA a device-side choice per cloud (knn_grid_cuda's probe_choice, below).
 bool grid_pays_cpu(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K);
 bool grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K);
 // The same for ball_query on CUDA (its own measured rule; the CPU ball query stays brute force).
@@ -63,7 +63,7 @@ bool ball_grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K
 std::tuple<at::Tensor, at::Tensor> knn_grid_cpu(const at::Tensor& p1, const at::Tensor& p2,
                                                 const at::Tensor& lengths1, const at::Tensor& lengths2, int64_t K,
                                                 Metric metric, bool zero_unmatched, bool* declined = nullptr);
-// knn_grid_cuda with `probe_choice` (K = 1, the launchers' "auto"): after building the grids a probe
+// knn_grid_cuda with `probe_choice` (the launchers' "auto"): after building the grids a probe
 // kernel estimates, from a sample of each cloud's queries, what the grid search would cost against
 // brute force (far queries visit many empty cells) and writes a (B,) uint8 choice on the device, 1
 // where the grid pays; the grid then searches only those clouds. Returns dists in the compute type

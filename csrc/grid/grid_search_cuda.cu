@@ -46,8 +46,8 @@
 // Debugging: POINTOPS_GRID_POINTS_PER_CELL overrides the cell-size rule's points per cell (knn),
 // POINTOPS_GRID_BALL_CELL the ball query's smallest cell edge in radii, POINTOPS_GRID_CROWDING the
 // crowding refinement's target (0: off); POINTOPS_GRID_NEAREST_MIN_REFS / _MIN_PAIRS the K = 1
-// thresholds of grid_pays_cuda; POINTOPS_GRID_PROBE_SCALE / _CHAIN / _DEBUG the far-query probe's
-// (grid_probe_kernel);
+// thresholds of grid_pays_cuda; POINTOPS_GRID_PROBE_SCALE / _CHAIN / _LIST_FACTOR / _DEBUG the
+// far-query probe's (grid_probe_kernel);
 // scripts/debug/grid_cuda_check.py compares algorithm="grid" with "brute" bit for bit and times it.
 // scripts/debug/grid_host_check.cu runs grid_cuda.cuh's functions on the CPU against brute force.
 #include <ATen/ATen.h>
@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(kSearchThreads) knn_grid_kernel(const SearchAr
 }
 
 // ---------------------------------------------------------------------------------------------
-// The far-query probe ("auto", K = 1)
+// The far-query probe ("auto": nearest_neighbor / chamfer, and knn_points' lists)
 //
 // The grid's cost per query grows with its nearest distance d over the cell size h: a query finds
 // nothing until its rings reach distance d, and looks up every cell on the way, ~(2 d / h + 1)^D
@@ -440,6 +440,13 @@ constexpr double kProbeCostPerPoint = 10.0;
 // near case on the grid. ~4.6 us per lookup of the sampled maximum, which stands for the cloud's
 // (larger) true maximum. POINTOPS_GRID_PROBE_CHAIN overrides it (debugging).
 constexpr double kProbeCostPerChainedLookup = 1.6e7;
+// knn_points with K > 1 (lists): the probe is K = 1's, whose bound on the nearest distance stands
+// for the K-th one (far queries, the case it is for, have all K neighbours at about that distance).
+// A list's grid search costs more per lookup and per point than K = 1's (larger cells, insertions
+// into a sorted list of K), more than brute force's list costs over its K = 1 pair: the grid's
+// estimate is multiplied by this factor. Calibrated on the H100 (grid_cuda_check.py probe-lists,
+// benchmarks/RESULTS.md). POINTOPS_GRID_PROBE_LIST_FACTOR overrides it (debugging, the sweep).
+constexpr double kProbeListFactor = 4.0;
 
 // Cleared to all-ones with the build's scratch: both hold "value - 1".
 struct ProbeScratch {
@@ -451,7 +458,9 @@ struct ProbeScratch {
 struct ProbeCosts {
   double per_query, per_lookup, per_point;
   double per_chained_lookup;  // the latency bound's cost of one lookup in the slowest query's chain
-  double scale;  // the estimate is multiplied by this before the comparison (POINTOPS_GRID_PROBE_SCALE)
+  // the estimate is multiplied by this before the comparison: POINTOPS_GRID_PROBE_SCALE, times
+  // kProbeListFactor for K > 1
+  double scale;
 };
 
 template <typename acc_t, int D, Metric metric>
@@ -764,7 +773,8 @@ template <typename acc_t, int D, Metric metric>
 void launch_probe(const SearchArgs<acc_t, D>& a, const ProbeScratch& scratch) {
   const ProbeCosts costs{kProbeCostPerQuery, kProbeCostPerLookup, kProbeCostPerPoint,
                          env_override("POINTOPS_GRID_PROBE_CHAIN", kProbeCostPerChainedLookup, true),
-                         env_override("POINTOPS_GRID_PROBE_SCALE", 1.0, true)};
+                         env_override("POINTOPS_GRID_PROBE_SCALE", 1.0, true) *
+                             (a.K > 1 ? env_override("POINTOPS_GRID_PROBE_LIST_FACTOR", kProbeListFactor, false) : 1.0)};
   const int64_t blocks = ceil_div<int64_t>(a.B * kProbeSamples, kProbeWarps);
   TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "algorithm='auto': too many clouds (", a.B, ")");
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -780,10 +790,11 @@ void launch_probe(const SearchArgs<acc_t, D>& a, const ProbeScratch& scratch) {
     C10_CUDA_CHECK(cudaStreamSynchronize(stream));
     for (int64_t b = 0; b < a.B && b < 4; ++b) {
       std::fprintf(stderr, "grid probe: cloud %lld of %lld: estimate %.4g pair units per sampled query, "
-                   "brute force %lld per query, slowest query %llu cells, brute launch %.4g, choice %s\n",
+                   "brute force %lld per query, slowest query %llu cells, brute launch %.4g, estimate x %.3g, "
+                   "choice %s\n",
                    static_cast<long long>(b), static_cast<long long>(a.B),
                    static_cast<double>(cost[b] + 1ull) / kProbeSamples, static_cast<long long>(a.M), ~not_cells[b],
-                   static_cast<double>(a.B) * a.N * a.M, choice[b] ? "grid" : "brute");
+                   static_cast<double>(a.B) * a.N * a.M, costs.scale, choice[b] ? "grid" : "brute");
     }
   }
 }
@@ -819,8 +830,9 @@ void launch_ball(const SearchArgs<acc_t, D>& a) {
 //   knn_points 8 x 8192^2 (5.4e8 pairs): K = 8 0.214 vs 0.507 ms, K = 16 0.331 vs 0.618, K = 32
 //   0.811 vs 1.400, K = 64 2.255 vs 2.226 (no gain: the 64-slot list insertions dominate);
 //   K = 1, chamfer 1M x 1M: 1.50 vs 574 ms, knn K = 16 1M x 1M: 3.04 vs 427 ms.
-// So lists of 2..32 take the grid from 5e8 pairs; K = 1, whose brute-force kernel is the fastest
-// and whose small-size crossover was not measured, from 1e9; K > 32 stays with brute force (the
+// So lists of 2..16 take the grid from 5e8 pairs (2..32 until 2026-11-27: see below); K = 1, whose
+// brute-force kernel is the fastest and whose small-size crossover was not measured, from 1e9;
+// K > 16 stays with brute force (the
 // grid still searches it exactly when asked: passes of up to 64). Small reference clouds fit brute
 // force's shared-memory tiles and a few queries never amortise sorting M references. The rule sees
 // sizes only: a cloud packed into a few tight clusters makes the grid a slower brute force
@@ -839,12 +851,19 @@ void launch_ball(const SearchArgs<acc_t, D>& a) {
 // (grid_probe_kernel) and hands far clouds to brute force: at 65536 / 262144 points the blob runs
 // 0.91x / 0.99x brute force, queries 0.1 off the surfaces 1.37x / 1.89x (two H200s). At 64 x 8192
 // the blob would still run 0.73x (the build and probe cost a fixed ~0.3 ms), so the thresholds stay.
+//
+// Lists (2 <= K <= 16), 2026-11-27, H100, grid_cuda_check.py probe-lists (uniform, surfaces 0.01 and
+// 0.1 off, a blob, half blobs; 64 x 8192^2 to 1 x 262144^2): the grid alone ran 0.14-0.42x brute
+// force on far queries; with the probe (kProbeListFactor 4) every case is 0.83-56x. K = 32 left the
+// grid: brute force's spatial order made it as fast as the grid near the references (grid 0.85-1.55x
+// on surfaces and uniform clouds up to 65536 points, 2.55x at 262144) and the probe let a far case
+// through (queries 0.1 off a surface, 262144 points: 0.34x).
 constexpr int64_t kGridMinRefs = 8192;
 constexpr int64_t kGridMinRefsNearest = 65536;
 constexpr int64_t kGridMinQueries = 4096;
 constexpr double kGridMinPairsNearest = 1.0e9;
 constexpr double kGridMinPairsLists = 5.0e8;
-constexpr int64_t kGridMaxAutoK = 32;
+constexpr int64_t kGridMaxAutoK = 16;
 
 // ball_query ("auto"): D = 3, K <= kBallWarpMaxK (the warp kernel; the thread passes for larger K
 // measured 0.2x brute force), reference clouds of >= 16Ki points and >= 64Ki queries in all. Measured
@@ -887,7 +906,6 @@ std::tuple<at::Tensor, at::Tensor> knn_grid_cuda(const at::Tensor& p1, const at:
   const at::ScalarType compute_type = call.compute_type;
   const int64_t B = p1.size(0), N = p1.size(1), dim = p1.size(2);
   const bool probe = probe_choice != nullptr;
-  TORCH_CHECK(!probe || K == 1, "knn_grid_cuda: the probe is for K = 1, got K = ", K);
   if (B * N == 0) return {probe ? dists : dists.to(p1.scalar_type()), idx};  // *probe_choice stays undefined
   if (probe) *probe_choice = at::empty({B}, q.options().dtype(at::kByte));  // every entry written by the probe
   BuildConfig cfg{};

@@ -107,6 +107,49 @@ void run_register_lists_for(KnnArgs<acc_t>& a, Metric metric, const at::Tensor& 
   }
 }
 
+// The brute-force search for K >= 2 neighbours into dists / idx ((B, N, K) in the compute type: float32
+// for half types, float64 for float64). skip_clouds ((B,) uint8 on the device, or undefined): the
+// clouds marked 1 are neither searched nor written (the grid wrote them).
+void knn_brute_cuda(const at::Tensor& q, const at::Tensor& r, const at::Tensor& len1, const at::Tensor& len2,
+                    int64_t K, Metric metric, const at::Tensor& dists, const at::Tensor& idx,
+                    const at::Tensor& skip_clouds) {
+  const int64_t B = q.size(0), N = q.size(1), M = r.size(1), dim = q.size(2);
+  if (B * N == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "knn_points_cuda", [&] {
+    using acc_t = scalar_t;
+    KnnArgs<acc_t> a{};
+    a.p1 = q.data_ptr<acc_t>();
+    a.p2 = r.data_ptr<acc_t>();
+    a.lengths1 = len1.defined() ? len1.data_ptr<int64_t>() : nullptr;
+    a.lengths2 = len2.defined() ? len2.data_ptr<int64_t>() : nullptr;
+    a.B = B, a.N = N, a.M = M, a.dim = dim, a.K = K;
+    a.dists = dists.data_ptr<acc_t>();
+    a.idx = idx.data_ptr<int64_t>();
+    a.skip_clouds = skip_clouds.defined() ? skip_clouds.const_data_ptr<uint8_t>() : nullptr;
+    const int64_t any_dim_tile = (kMaxTileBytes / static_cast<int64_t>(dim * sizeof(acc_t))) / kGroup * kGroup;
+    a.tile_points = static_cast<int>(std::min<int64_t>(kTile, any_dim_tile));
+    const bool registers = K <= max_register_k<acc_t>() && (dim <= 3 || a.tile_points >= kGroup);
+    if (!registers) {
+      // The sort path fills every row first: never behind the grid (whose K and D take registers).
+      TORCH_INTERNAL_ASSERT(a.skip_clouds == nullptr, "knn_points: no row-sort search beside the grid");
+      knn_sort_path<acc_t>(a, metric, dists, idx);
+      return;
+    }
+    SpatialOrder order;  // kept alive until the search is queued
+    if (has_spatial_search<acc_t>(K) && use_spatial_order(B, N, M, dim)) {
+      order = spatial_order_cuda(q, r, len1, len2, kBoxPoints);
+      a.p2 = order.refs.data_ptr<acc_t>();
+      a.query_perm = order.query_perm.data_ptr<int64_t>();
+      a.query_keys = order.query_keys.data_ptr<int32_t>();
+      a.ref_keys = order.ref_keys.data_ptr<int32_t>();
+      a.ref_index = order.ref_index.data_ptr<int32_t>();
+      a.box_bounds = order.box_bounds.data_ptr<acc_t>();
+      a.boxes = order.box_bounds.size(1);
+    }
+    run_register_lists_for<acc_t>(a, metric, dists);
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor> knn_points_cuda(const at::Tensor& p1, const at::Tensor& p2,
                                                    const c10::optional<at::Tensor>& lengths1,
                                                    const c10::optional<at::Tensor>& lengths2, int64_t K,
@@ -114,56 +157,37 @@ std::tuple<at::Tensor, at::Tensor> knn_points_cuda(const at::Tensor& p1, const a
   const auto [len1, len2] = check_knn_inputs(p1, p2, lengths1, lengths2, K, norm);
   const Metric metric = metric_from_norm(norm);
   const c10::cuda::CUDAGuard guard(p1.device());
+  // Half types compute in float32: converted once (exactly), searched, rounded once at the end.
+  const auto compute_type = p1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   if (choose_grid(algorithm, p1.size(0), p1.size(1), p2.size(1), p1.size(2), K, &grid_pays_cuda)) {
-    if (K == 1 && grid_may_decline(algorithm)) {  // the far-query probe (nearest_neighbor's "auto")
+    if (!grid_may_decline(algorithm)) return knn_grid_cuda(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true);
+    if (K == 1) {  // the far-query probe (nearest_neighbor's "auto")
       auto [dist, idx] = nearest_neighbor_direction_cuda(p1, p2, len1, len2, metric, /*zero_unmatched=*/true,
                                                          /*probe_grid=*/true);
       return {dist.unsqueeze(2), idx.unsqueeze(2)};
     }
-    return knn_grid_cuda(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true);
+    // The same probe for lists: the grid searches the clouds it marks, brute force the others into
+    // the same outputs (no merge, no host sync). Brute force's lists must hold K in registers (its
+    // row-sort path fills whole outputs): float64 with K > 16 keeps the grid alone, unprobed.
+    const int64_t register_k = compute_type == at::kDouble ? max_register_k<double>() : max_register_k<float>();
+    if (K > register_k) return knn_grid_cuda(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true);
+    at::Tensor choice;
+    auto [dists, idx] = knn_grid_cuda(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true, &choice);
+    if (choice.defined()) {
+      knn_brute_cuda(p1.to(compute_type).contiguous(), p2.to(compute_type).contiguous(), len1, len2, K, metric, dists,
+                     idx, choice);
+    }
+    return {dists.to(p1.scalar_type()), idx};
   }
   if (K == 1) {  // the nearest-neighbour search itself: knn_points(K=1) is nearest_neighbor bit for bit
     auto [dist, idx] = nearest_neighbor_direction_cuda(p1, p2, len1, len2, metric, /*zero_unmatched=*/true);
     return {dist.unsqueeze(2), idx.unsqueeze(2)};
   }
-  const int64_t B = p1.size(0), N = p1.size(1), M = p2.size(1), dim = p1.size(2);
-  // Half types compute in float32: converted once (exactly), searched, rounded once at the end.
-  const auto compute_type = p1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t B = p1.size(0), N = p1.size(1);
   const auto q = p1.to(compute_type).contiguous(), r = p2.to(compute_type).contiguous();
   auto dists = at::empty({B, N, K}, q.options());
   auto idx = at::empty({B, N, K}, q.options().dtype(at::kLong));
-  if (B * N > 0) {
-    AT_DISPATCH_FLOATING_TYPES(compute_type, "knn_points_cuda", [&] {
-      using acc_t = scalar_t;
-      KnnArgs<acc_t> a{};
-      a.p1 = q.data_ptr<acc_t>();
-      a.p2 = r.data_ptr<acc_t>();
-      a.lengths1 = len1.defined() ? len1.data_ptr<int64_t>() : nullptr;
-      a.lengths2 = len2.defined() ? len2.data_ptr<int64_t>() : nullptr;
-      a.B = B, a.N = N, a.M = M, a.dim = dim, a.K = K;
-      a.dists = dists.data_ptr<acc_t>();
-      a.idx = idx.data_ptr<int64_t>();
-      const int64_t any_dim_tile = (kMaxTileBytes / static_cast<int64_t>(dim * sizeof(acc_t))) / kGroup * kGroup;
-      a.tile_points = static_cast<int>(std::min<int64_t>(kTile, any_dim_tile));
-      const bool registers = K <= max_register_k<acc_t>() && (dim <= 3 || a.tile_points >= kGroup);
-      if (!registers) {
-        knn_sort_path<acc_t>(a, metric, dists, idx);
-        return;
-      }
-      SpatialOrder order;  // kept alive until the search is queued
-      if (has_spatial_search<acc_t>(K) && use_spatial_order(B, N, M, dim)) {
-        order = spatial_order_cuda(q, r, len1, len2, kBoxPoints);
-        a.p2 = order.refs.data_ptr<acc_t>();
-        a.query_perm = order.query_perm.data_ptr<int64_t>();
-        a.query_keys = order.query_keys.data_ptr<int32_t>();
-        a.ref_keys = order.ref_keys.data_ptr<int32_t>();
-        a.ref_index = order.ref_index.data_ptr<int32_t>();
-        a.box_bounds = order.box_bounds.data_ptr<acc_t>();
-        a.boxes = order.box_bounds.size(1);
-      }
-      run_register_lists_for<acc_t>(a, metric, dists);
-    });
-  }
+  knn_brute_cuda(q, r, len1, len2, K, metric, dists, idx, at::Tensor());
   return {dists.to(p1.scalar_type()), idx};
 }
 

@@ -45,6 +45,9 @@ struct KnnArgs {
   const int32_t* ref_index;    // (B, M)
   const acc_t* box_bounds;     // (B, boxes, 2, dim): kBoxPoints sorted points each
   int64_t boxes;
+  // (B,) or nullptr: clouds marked 1 are neither searched nor written (their rows come from the
+  // grid: "auto" after the grid's far-query probe, knn_points_cuda).
+  const uint8_t* skip_clouds;
 };
 
 // The spatial order (knn_cuda_lists.cuh) is used for lists of this length and longer (K > 16),

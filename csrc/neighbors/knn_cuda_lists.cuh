@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(kThreads) knn_search_kernel(KnnArgs<acc_t> a) 
   constexpr bool spatial = kSpatial;
 
   const int64_t b = blockIdx.x / a.chunks, chunk = blockIdx.x % a.chunks, split = blockIdx.y;
+  if (a.skip_clouds != nullptr && a.skip_clouds[b] != 0) return;  // the whole block: before any barrier
   const int64_t n_valid = a.lengths1 ? a.lengths1[b] : a.N;
   const int64_t m_valid = a.lengths2 ? a.lengths2[b] : a.M;
   const int64_t s = chunk * kThreads + threadIdx.x;                        // position in search order
@@ -305,6 +306,7 @@ __global__ void knn_merge_kernel(KnnArgs<acc_t> a) {
   for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; row < queries;
        row += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t b = row / a.N, i = row % a.N;
+    if (a.skip_clouds != nullptr && a.skip_clouds[b] != 0) continue;
     const int64_t n_valid = a.lengths1 ? a.lengths1[b] : a.N;
     acc_t best[KP];
     int32_t best_idx[KP];

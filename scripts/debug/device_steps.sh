@@ -2,7 +2,8 @@
 # Device calls after scripts/gpu_check.sh's build stage on the same (warm) machine, each step with its
 # own time limit, logs in one tarball in $OUT:
 #   build               pip install -e . (the README's build) unless pointops/_C is built: a call that
-#                       finds a fresh machine (the warm one goes back after 30 s idle) builds first
+#                       finds a fresh machine (the warm one goes back after 30 s idle) builds first;
+#                       FORCE_BUILD=1 rebuilds on a warm machine (its module may be another tree's)
 #   memcheck-particle   compute-sanitizer memcheck on the particle-sum tests
 #   memcheck-probe      memcheck on the far-query probe and chunked-reduction tests, and the K = 1
 #                       run batches' test (test_nearest_in_runs_of_every_length)
@@ -15,6 +16,9 @@
 #   chamfer             grid_cuda_check.py chamfer (uniform 1M, the real scans, two small batches;
 #                       three rounds)
 #   probe               grid_cuda_check.py probe (PROBE_CHAINS sweeps the latency bound's cost)
+#   probe-lists         grid_cuda_check.py probe-lists (knn_points K > 1; LIST_KS, LIST_FACTORS)
+#   lists-tests         the CUDA knn tests of test_grid_search.py / test_neighbors.py
+#   memcheck-lists      memcheck on the K > 1 probe tests
 #   reduce              bench_strided.py's reduce rows, three runs
 #   step                scripts/debug/chamfer_step_probe.py (the Chamfer training step)
 #   overhead            benchmarks/bench_overhead.py --device cuda
@@ -48,7 +52,10 @@ if want build; then
   # later import on that machine waits for ever.
   suffix=$(python -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
   rm -f "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"/*/pointops_C_*/lock
-  if [ -f "pointops/_C$suffix" ]; then echo "== build: pointops/_C$suffix is there"
+  # A module left by an earlier call on a warm machine may come from other sources (a build cut off
+  # by a time limit leaves the previous one): FORCE_BUILD=1 rebuilds whatever is there.
+  if [ -f "pointops/_C$suffix" ] && [ "${FORCE_BUILD:-0}" != 1 ]; then
+    echo "== build: pointops/_C$suffix is there (FORCE_BUILD=1 rebuilds it)"
   else
     MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
       step build 420 python -m pip install --no-build-isolation --no-deps -e .
@@ -115,6 +122,19 @@ if want streams; then
   TAILN=8 step chamfer 150 python scripts/debug/grid_cuda_check.py chamfer
   TAILN=3 step streams-memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
     tests/test_grid_search.py -q -p no:cacheprovider -k "side_by_side or side_stream or probed_auto"
+fi
+if want probe-lists; then
+  # LIST_KS="16" LIST_FACTORS="1,2,4" sweeps the lists' factor (POINTOPS_GRID_PROBE_LIST_FACTOR)
+  TAILN=60 step probe-lists "${PROBE_LISTS_S:-300}" env LIST_KS="${LIST_KS:-8,16,32}" LIST_FACTORS="${LIST_FACTORS:-}" \
+    python scripts/debug/grid_cuda_check.py probe-lists
+fi
+if want lists-tests; then
+  TAILN=3 step lists-tests 200 python -m pytest tests/test_grid_search.py tests/test_neighbors.py -q \
+    -p no:cacheprovider -k "(lists or knn) and cuda and not compile"
+fi
+if want memcheck-lists; then
+  TAILN=3 step memcheck-lists "${MEMCHECK_LISTS_S:-250}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python -m pytest tests/test_grid_search.py -q -p no:cacheprovider -k "lists and not graph"
 fi
 if want overhead; then
   TAILN=40 step overhead 200 python benchmarks/bench_overhead.py --device cuda

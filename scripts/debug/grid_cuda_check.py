@@ -6,6 +6,7 @@ bit, then timed with CUDA events. Needs pointops built with CUDA and a GPU.
     python scripts/debug/grid_cuda_check.py time         # the issue's targets, real scans, adversarial
     python scripts/debug/grid_cuda_check.py crossover    # brute vs grid over sizes (grid_pays_cuda)
     python scripts/debug/grid_cuda_check.py probe        # "auto" with the far-query probe vs brute / grid
+    python scripts/debug/grid_cuda_check.py probe-lists  # the same for knn_points K > 1 (LIST_KS, LIST_FACTORS)
     python scripts/debug/grid_cuda_check.py sweep        # knn times over POINTOPS_GRID_POINTS_PER_CELL
     python scripts/debug/grid_cuda_check.py tune         # crowding target, ball cell edge, ball grid vs brute
     python scripts/debug/grid_cuda_check.py ball         # the ball query alone: its kernels, cell edge, grid vs brute
@@ -429,6 +430,45 @@ def run_probe():
         os.environ.pop(key)
 
 
+def run_probe_lists():
+    """knn_points with K > 1: "auto" (the far-query probe, each cloud to the grid or to brute force)
+    against brute force and the forced grid, over values of the lists' factor on the grid's estimate
+    (POINTOPS_GRID_PROBE_LIST_FACTOR; LIST_FACTORS, comma-separated, default: the compiled one) for
+    each K of LIST_KS (default 8,16,32); every auto result checked against brute force bit for bit.
+    First the brute-force pair cost itself: knn_points brute force at K = 1 and each K."""
+    ks = [int(k) for k in os.environ.get("LIST_KS", "8,16,32").split(",")]
+    factors = os.environ.get("LIST_FACTORS", "").split(",") if os.environ.get("LIST_FACTORS") else [None]
+    print("== probe-lists: knn_points brute / grid / probed auto", torch.cuda.get_device_name(), flush=True)
+    g = torch.Generator(device=DEV).manual_seed(7)
+    for B, n in ((8, 8192), (1, 65536)):
+        x, y = torch.rand(B, n, 3, generator=g, device=DEV), torch.rand(B, n, 3, generator=g, device=DEV)
+        times = {K: timed(lambda: ops.knn_points(x, y, None, None, K, 2, "brute")) for K in [1] + ks}
+        print(f"PAIRCOST uniform B={B} n={n}: " + ", ".join(
+            f"K={K} {t:.3f} ms ({t / times[1]:.2f}x K=1)" for K, t in times.items()), flush=True)
+    for K in ks:
+        for label, B, n, x, y in probe_cases(g):
+            if n > 262144 or (B, n) == (16, 4096):
+                continue
+            big = B * n >= 1 << 18
+            knn = lambda a: ops.knn_points(x, y, None, None, K, 2, a)[:2]  # noqa: E731
+            want = knn("brute")
+            tb = timed(lambda: knn("brute"), repeat=3 if big else 5, warmup=1)
+            far = "blob" in label or "0.1" in label
+            tg = float("nan") if (big and far) else timed(lambda: knn("grid"), repeat=3, warmup=1)
+            print(f"LISTS K={K:2d} {label:13s} B={B:3d} n={n:7d}: brute {tb:9.3f} ms | grid {tg:9.3f} ms "
+                  f"({tb / tg:6.2f}x)", end="", flush=True)
+            for factor in factors:
+                if factor is not None:
+                    os.environ["POINTOPS_GRID_PROBE_LIST_FACTOR"] = factor
+                ok = verify(knn("auto"), want)
+                FAILURES.extend([] if ok else [f"probe-lists K={K} {label} {B} {n} factor {factor}"])
+                ta = timed(lambda: knn("auto"), repeat=3 if big else 5, warmup=1)
+                print(f" | auto[{factor or 'default'}] {ta:9.3f} ms ({tb / ta:6.2f}x){'' if ok else ' MISMATCH'}",
+                      end="", flush=True)
+            print(flush=True)
+            os.environ.pop("POINTOPS_GRID_PROBE_LIST_FACTOR", None)
+
+
 def run_crossover():
     print("== crossover: nearest_neighbor one direction, uniform D=3 float (auto would take the grid where pays=1)")
     g = torch.Generator(device=DEV).manual_seed(1)
@@ -570,6 +610,8 @@ if __name__ == "__main__":
         run_auto()
     if what == "probe":
         run_probe()
+    if what == "probe-lists":
+        run_probe_lists()
     if what == "sweep":
         run_sweep()
     if what == "tune":
