@@ -168,15 +168,15 @@ std::tuple<at::Tensor, at::Tensor> knn_points_cuda(const at::Tensor& p1, const a
     }
     // The same probe for lists: the grid searches the clouds it marks, brute force the others into
     // the same outputs (no merge, no host sync). Brute force's lists must hold K in registers (its
-    // row-sort path fills whole outputs): float64 with K > 16 keeps the grid alone, unprobed.
+    // row-sort path fills whole outputs): grid_pays_cuda's K <= 16 fits both compute types.
     const int64_t register_k = compute_type == at::kDouble ? max_register_k<double>() : max_register_k<float>();
-    if (K > register_k) return knn_grid_cuda(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true);
+    TORCH_INTERNAL_ASSERT(K <= register_k, "knn_points: auto's grid took K = ", K, ", more than brute force's ",
+                          register_k, "-entry register lists");
+    // Converted once for both searches (the grid's own conversion of these is then a no-op).
+    const auto q = p1.to(compute_type).contiguous(), r = p2.to(compute_type).contiguous();
     at::Tensor choice;
-    auto [dists, idx] = knn_grid_cuda(p1, p2, len1, len2, K, metric, /*zero_unmatched=*/true, &choice);
-    if (choice.defined()) {
-      knn_brute_cuda(p1.to(compute_type).contiguous(), p2.to(compute_type).contiguous(), len1, len2, K, metric, dists,
-                     idx, choice);
-    }
+    auto [dists, idx] = knn_grid_cuda(q, r, len1, len2, K, metric, /*zero_unmatched=*/true, &choice);
+    if (choice.defined()) knn_brute_cuda(q, r, len1, len2, K, metric, dists, idx, choice);
     return {dists.to(p1.scalar_type()), idx};
   }
   if (K == 1) {  // the nearest-neighbour search itself: knn_points(K=1) is nearest_neighbor bit for bit
