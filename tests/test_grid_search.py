@@ -519,6 +519,10 @@ def test_auto_probes_far_queries_for_lists_on_cuda(K, dtype, scale, monkeypatch,
     assert_same(pointops.knn_points(x, y, lengths1, lengths2, K=K)[:2],
                 pointops.knn_points(x, y, lengths1, lengths2, K=K, algorithm="brute")[:2])
     assert_same(pointops.knn_points(x, y, K=K, norm=1)[:2], pointops.knn_points(x, y, K=K, norm=1, algorithm="brute")[:2])
+    # non-contiguous views (coordinates stored first): converted once, searched by both paths
+    xt, yt = x.transpose(1, 2).contiguous().transpose(1, 2), y.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not xt.is_contiguous() and not yt.is_contiguous()
+    assert_same(pointops.knn_points(xt, yt, K=K)[:2], pointops.knn_points(x, y, K=K, algorithm="brute")[:2])
 
 
 @requires_cuda
