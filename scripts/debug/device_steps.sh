@@ -4,6 +4,9 @@
 #   build               pip install -e . (the README's build) unless pointops/_C is built: a call that
 #                       finds a fresh machine (the warm one goes back after 30 s idle) builds first;
 #                       FORCE_BUILD=1 rebuilds on a warm machine (its module may be another tree's)
+#                       or, when .devbuild/ is carried with a module built from the same sources,
+#                       unpacks that one (seconds instead of ~300 s)
+#   save-module         the built module into $OUT/devbuild/ (fetched, then carried as .devbuild/)
 #   memcheck-particle   compute-sanitizer memcheck on the particle-sum tests
 #   memcheck-probe      memcheck on the far-query probe and chunked-reduction tests, and the K = 1
 #                       run batches' test (test_nearest_in_runs_of_every_length)
@@ -38,6 +41,9 @@ export PYTHONUNBUFFERED=1
 trap 'tar -czf "$OUT/burst_logs.tgz" -C "$OUT" logs' EXIT
 STEPS=${STEPS:-"memcheck-ball racecheck-ball check ball"}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
+# What the compiled module is built from (what a carried .devbuild module must match).
+sources_hash() { find csrc setup.py pointops/_sources.py pointops/_toolchain.py -type f | LC_ALL=C sort \
+  | xargs cat | sha1sum | cut -c1-16; }
 step() {  # name, seconds, command...
   local name=$1 limit=$2
   shift 2
@@ -46,20 +52,46 @@ step() {  # name, seconds, command...
   echo "   rc=$? ($(date +%T))"
   tail -n "${TAILN:-4}" "$OUT/logs/$name.log"
 }
+suffix=$(python -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 if want build; then
   # Test for the built module's file, never `import pointops`: without pointops/_C the import
   # JIT-builds, and a JIT build killed by a time limit leaves torch's lock behind, on which every
   # later import on that machine waits for ever.
-  suffix=$(python -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
   rm -f "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"/*/pointops_C_*/lock
+  carried=0
+  if [ -f .devbuild/module.tgz.00 ]; then
+    # .devbuild/ (git-ignored, carried): a module an earlier lease built (save-module), used only
+    # when it was built from this tree's sources.
+    if [ "$(cat .devbuild/sources.sha1)" = "$(sources_hash)" ]; then
+      cat .devbuild/module.tgz.* | tar -xzf - -C pointops && carried=1
+      echo "== build: the module carried in .devbuild (sources $(cat .devbuild/sources.sha1))"
+    else
+      echo "== build: .devbuild's module was built from other sources: building"
+      FORCE_BUILD=1
+    fi
+  fi
   # A module left by an earlier call on a warm machine may come from other sources (a build cut off
   # by a time limit leaves the previous one): FORCE_BUILD=1 rebuilds whatever is there.
-  if [ -f "pointops/_C$suffix" ] && [ "${FORCE_BUILD:-0}" != 1 ]; then
+  if [ $carried = 1 ]; then
+    :
+  elif [ -f "pointops/_C$suffix" ] && [ "${FORCE_BUILD:-0}" != 1 ]; then
     echo "== build: pointops/_C$suffix is there (FORCE_BUILD=1 rebuilds it)"
   else
     MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
       step build 420 python -m pip install --no-build-isolation --no-deps -e .
   fi
+fi
+# The module is imported from this tree (scripts too), also when no `pip install -e .` ran here.
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if want save-module; then
+  # Brings the built module back (stripped, gzipped, in 15 MB pieces: $OUT's files are at most
+  # 16 MiB each) for a later lease to carry as .devbuild/ instead of building for ~300 s.
+  mkdir -p "$OUT/devbuild" /tmp/devbuild
+  strip -g -o "/tmp/devbuild/_C$suffix" "pointops/_C$suffix"
+  cp pointops/_build_config.py /tmp/devbuild/
+  tar -czf - -C /tmp/devbuild . | split -b 15M -d - "$OUT/devbuild/module.tgz."
+  sources_hash >"$OUT/devbuild/sources.sha1"
+  echo "== save-module: $(ls -l "$OUT"/devbuild | tail -n +2 | awk '{print $5, $9}' | tr '\n' ' ')"
 fi
 if want memcheck-particle; then
   step memcheck-particle 170 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
