@@ -58,6 +58,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
+from ._entry import eager_entry
 
 __all__ = ["nearest_neighbor", "chamfer", "ChamferFunction", "fscore"]
 
@@ -179,10 +180,11 @@ class ChamferOutput(NamedTuple):
     idx2: Tensor
 
 
-# The public functions' host time is most of a small call: the op overloads are looked up once, and
-# the result tuple is built without NamedTuple's Python-level __new__.
-_NEAREST_NEIGHBOR = torch.ops.pointops.nearest_neighbor.default
-_CHAMFER = torch.ops.pointops.chamfer.default
+# The public functions' host time is most of a small call: the op overloads are looked up once and
+# called through their C++ entries (pointops/_entry.py), and the result tuple is built without
+# NamedTuple's Python-level __new__.
+_NEAREST_NEIGHBOR = eager_entry(torch.ops.pointops.nearest_neighbor.default)
+_CHAMFER = eager_entry(torch.ops.pointops.chamfer.default)
 _new_chamfer_output = tuple.__new__
 
 

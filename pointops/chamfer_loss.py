@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._entry import eager_entry
 from .chamfer import _checking_values, _valid_mask, chamfer, nearest_neighbor
 
 __all__ = ["chamfer_distance", "ChamferLoss"]
@@ -24,7 +25,7 @@ __all__ = ["chamfer_distance", "ChamferLoss"]
 _POINT_REDUCTIONS = ("mean", "sum", "max")
 _BATCH_REDUCTIONS = ("mean", "sum")
 _FUSED_POINT_REDUCTIONS = ("mean", "sum")  # the reductions of the fused op (csrc/chamfer/chamfer_loss.cpp)
-_CHAMFER_DISTANCE = torch.ops.pointops._chamfer_distance.default
+_CHAMFER_DISTANCE = eager_entry(torch.ops.pointops._chamfer_distance.default)  # pointops/_entry.py
 
 
 # ---------------------------------------------------------------- argument checks (PyTorch3D's)

@@ -34,6 +34,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from ._entry import eager_entry
 from .chamfer import _FLOAT_DTYPES, _check_algorithm, _require_tensors
 
 __all__ = ["KNN", "knn_points", "knn_gather", "ball_query", "sample_farthest_points"]
@@ -80,6 +81,12 @@ class KNN(NamedTuple):
     dists: Tensor
     idx: Tensor
     knn: Optional[Tensor]
+
+
+# Looked up once and called through their C++ entries (pointops/_entry.py): a small call's host time.
+_KNN_POINTS = eager_entry(torch.ops.pointops.knn_points.default)
+_BALL_QUERY = eager_entry(torch.ops.pointops.ball_query.default)
+_SAMPLE_FARTHEST_POINTS = eager_entry(torch.ops.pointops.sample_farthest_points.default)
 
 
 def _check_pytorch3d_pair(p1, p2) -> None:
@@ -133,7 +140,7 @@ def knn_points(p1: Tensor, p2: Tensor, lengths1: Optional[Tensor] = None, length
     if norm not in (1, 2):
         raise ValueError(f"Support for 1 or 2 norm: norm must be 1 or 2, got {norm!r}")
     _check_count("K", K)
-    dists, idx = torch.ops.pointops.knn_points(p1, p2, lengths1, lengths2, K, norm, algorithm)
+    dists, idx = _KNN_POINTS(p1, p2, lengths1, lengths2, K, norm, algorithm)
     nn = knn_gather(p2, idx, lengths2) if return_nn else None
     return KNN(dists, idx, nn)
 
@@ -193,7 +200,7 @@ def ball_query(p1: Tensor, p2: Tensor, lengths1: Optional[Tensor] = None, length
         raise TypeError(f"radius must be a real number, got {type(radius).__name__} {radius!r}")
     if not (radius > 0 and radius < float("inf")):  # NaN fails too
         raise ValueError(f"radius must be a finite number > 0, got {radius}")
-    dists, idx = torch.ops.pointops.ball_query(p1, p2, lengths1, lengths2, K, float(radius), algorithm)
+    dists, idx = _BALL_QUERY(p1, p2, lengths1, lengths2, K, float(radius), algorithm)
     nn = knn_gather(p2, idx) if return_nn else None
     return KNN(dists, idx, nn)
 
@@ -251,5 +258,5 @@ def sample_farthest_points(points: Tensor, lengths: Optional[Tensor] = None, K: 
         uniform = torch.rand(B, generator=generator, device=device, dtype=torch.float64).to(points.device)
         sizes = lengths if lengths is not None else torch.full((B,), N, device=points.device)
         start = (uniform * sizes.to(torch.float64)).floor().to(torch.int64)
-    idx = torch.ops.pointops.sample_farthest_points(points, lengths, per_cloud, max_K, start)
+    idx = _SAMPLE_FARTHEST_POINTS(points, lengths, per_cloud, max_K, start)
     return knn_gather(points, idx[:, :, None])[:, :, 0], idx

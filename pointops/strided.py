@@ -50,6 +50,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
+from ._entry import eager_entry
 
 __all__ = ["map", "zip", "reduce", "matmul", "MAP_FNS", "ZIP_FNS", "REDUCE_FNS"]
 
@@ -60,11 +61,11 @@ REDUCE_FNS = ("sum", "prod", "max", "min")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 _ops = torch.ops.pointops
-# The overloads, looked up once: calling an overload packet resolves it on every call, a visible
-# share of a small call's host time (issue 19).
-_MAP, _MAP_OUT = _ops.strided_map.default, _ops.strided_map_out.default
-_ZIP, _ZIP_OUT = _ops.strided_zip.default, _ops.strided_zip_out.default
-_REDUCE, _MATMUL = _ops.strided_reduce.default, _ops.strided_matmul.default
+# The overloads, looked up once (calling an overload packet resolves it on every call), called
+# through their C++ entries (pointops/_entry.py): a visible share of a small call's host time.
+_MAP, _MAP_OUT = eager_entry(_ops.strided_map.default), eager_entry(_ops.strided_map_out.default)
+_ZIP, _ZIP_OUT = eager_entry(_ops.strided_zip.default), eager_entry(_ops.strided_zip_out.default)
+_REDUCE, _MATMUL = eager_entry(_ops.strided_reduce.default), eager_entry(_ops.strided_matmul.default)
 
 
 def _refuse_grad_with_out(name: str, *tensors: Tensor) -> None:

@@ -34,6 +34,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
+from ._entry import eager_entry
 
 __all__ = ["voxelize", "voxel_features", "Voxels", "VoxelFeatures", "Voxelizer"]
 
@@ -63,10 +64,11 @@ class Voxels(NamedTuple):
     num_voxels: Optional[Tensor] = None
 
 
-# Looked up once; results built without NamedTuple's Python-level __new__ (a small call's host
-# time is mostly this layer).
-_VOXELIZE = torch.ops.pointops.voxelize.default
-_VOXELIZE_PADDED = torch.ops.pointops.voxelize_padded.default
+# Looked up once and called through their C++ entries (pointops/_entry.py); results built without
+# NamedTuple's Python-level __new__ (a small call's host time is mostly this layer).
+_VOXELIZE = eager_entry(torch.ops.pointops.voxelize.default)
+_VOXELIZE_PADDED = eager_entry(torch.ops.pointops.voxelize_padded.default)
+_VOXEL_FEATURES = eager_entry(torch.ops.pointops.voxel_features.default)
 _new_tuple = tuple.__new__
 
 
@@ -237,7 +239,7 @@ def voxel_features(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, 
         vs, pr = voxel_size, point_range
     else:
         vs, pr = _check_python_arguments(points, batch, voxel_size, point_range)
-    return VoxelFeatures(*torch.ops.pointops.voxel_features(points, batch, vs, pr, reduce))
+    return VoxelFeatures(*_VOXEL_FEATURES(points, batch, vs, pr, reduce))
 
 
 class Voxelizer(nn.Module):
