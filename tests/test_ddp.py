@@ -7,8 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import torch
 
 import pointops
@@ -32,8 +34,25 @@ def torchrun(nproc, *args):
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(EXAMPLE), *args]
 
 
-def run(cmd):
-    """(returncode, stdout, stderr) of cmd, killed (with every process it started) after TIMEOUT_S."""
+def descendants(pid):
+    """Every process below pid, from /proc (Linux; elsewhere none are found)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # "pid (comm) state ppid ..."
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def run(cmd, timeout_s=TIMEOUT_S):
+    """(returncode, stdout, stderr) of cmd, killed (with every process it started) after timeout_s."""
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     # The processes import the same pointops as this test process.
     package_root = str(Path(pointops.__file__).resolve().parents[1])
@@ -41,11 +60,21 @@ def run(cmd):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
                             start_new_session=True)
     try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers: the session started above
-        stdout, stderr = proc.communicate()
-        raise AssertionError(f"timed out after {TIMEOUT_S} s: {' '.join(cmd)}\n{report(stdout, stderr)}") from None
+        # torchrun starts each worker in a session of its own, so killing the session started above
+        # misses them; a worker left alive holds the output pipes, and communicate() would wait for ever.
+        for pid in descendants(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            stdout, stderr = "", "(no output: a process outside this tree still holds the pipes)"
+        raise AssertionError(f"timed out after {timeout_s} s: {' '.join(cmd)}\n{report(stdout, stderr)}") from None
     return proc.returncode, stdout, stderr
 
 
@@ -103,3 +132,26 @@ def test_failed_process_is_reported():
     returncode, stdout, stderr = run(torchrun(2, *TRAINING, "--batch", "3"))  # the last --batch wins
     assert returncode != 0, f"torchrun succeeded with --batch 3 on 2 processes\n{report(stdout, stderr)}"
     assert "--batch 3 must be a positive multiple of the world size 2" in stderr, report(stdout, stderr)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
+def test_a_run_past_its_time_is_killed_with_every_process_it_started():
+    # The timeout path itself (a hang here hung the whole suite): a child in a session of its own, as
+    # torchrun's workers are, holding the output pipes; run() must kill it and fail within seconds.
+    child = "import time; time.sleep(120)"
+    parent = ("import subprocess, sys, time; "
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True); "
+              "print(p.pid, flush=True); time.sleep(120)")
+    with pytest.raises(AssertionError, match="timed out after 3 s") as failure:
+        run([sys.executable, "-c", parent], timeout_s=3)
+    child_pid = int(re.search(r"stdout \(end\):\n(\d+)", str(failure.value)).group(1))
+    for _ in range(50):  # SIGKILL is asynchronous: wait until the process is gone (or a zombie)
+        try:
+            state = Path(f"/proc/{child_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"process {child_pid} still runs after run() returned")
