@@ -295,6 +295,8 @@ def run_timings():
     grid = lambda: ops.knn_points(x, y, K=16, algorithm="grid")  # noqa: E731
     brute = lambda: ops.knn_points(x, y, K=16, algorithm="brute")  # noqa: E731
     row("knn_points K=16 1M x 1M", timed(grid), timed(brute, repeat=1, warmup=0), "<= 60 ms", verify(grid(), brute()))
+    auto = lambda: ops.knn_points(x, y, K=16)  # noqa: E731  (the far-query probe, then the grid)
+    row("knn_points K=16 1M x 1M, algorithm auto", timed(auto), None, "<= 60 ms", verify(auto(), grid()))
 
     p1, p2 = u(8, 16384, 3), u(8, 16384, 3)
     grid = lambda: ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="grid")  # noqa: E731
