@@ -162,6 +162,10 @@ def run(quick=False, device=None):
             else:
                 t_ours_g, t_theirs_g = host_us(ours_g, calls, batches), host_us(theirs_g, calls, batches)
             results.append([name, t_ours, t_theirs, t_ours_g, t_theirs_g, target])
+        # The fwd+bwd rows' floor: torch's smallest backward (Python's backward(), the engine, one
+        # node, one AccumulateGrad), whatever the op does.
+        leaf = torch.rand(8, requires_grad=True)
+        floor = host_us(lambda: (leaf * 2).sum().backward(), calls, batches)
         units.append(host_us(lambda: torch.exp(unit_x), calls, batches))
         unit = statistics.mean(units)
     finally:
@@ -185,7 +189,9 @@ def run(quick=False, device=None):
             f"Host µs: median of {batches} batches of {calls} calls, one torch thread, grad mode on; "
             "forward rows on inputs that do not require grad, then again on inputs that do. CUDA ms: "
             "one call with CUDA events at the training size (strided 2^16 elements / 256², clouds "
-            "8 x 1024 x 1024, particle sums 1024², voxelize 16384 points), inputs requiring grad.\n\n")
+            "8 x 1024 x 1024, particle sums 1024², voxelize 16384 points), inputs requiring grad. "
+            f"The fwd+bwd rows' floor, torch's smallest backward (`(w * 2).sum().backward()`, w of 8 "
+            f"elements): {floor:.1f} µs ({floor / unit:.2f} units).\n\n")
     return text + markdown_table(header, table)
 
 
