@@ -133,8 +133,8 @@ def _chamfer_distance_backward_fake(grad, x, y, dist1, idx1, dist2, idx2, x_leng
 # Python autograd wrapper would cost more host time than the GPU forward of a typical batch.
 def _chamfer_grads(x, y, idx1, idx2, grad_dist1, grad_dist2):
     # dist1 = |x - y[idx1]|^2 feeds x directly and y through the match; dist2 the other way round.
-    grad_x1, grad_y1 = torch.ops.pointops._nearest_neighbor_backward(grad_dist1.contiguous(), x, y, idx1)
-    grad_y2, grad_x2 = torch.ops.pointops._nearest_neighbor_backward(grad_dist2.contiguous(), y, x, idx2)
+    grad_x1, grad_y1 = _NEAREST_NEIGHBOR_BACKWARD(grad_dist1.contiguous(), x, y, idx1)
+    grad_y2, grad_x2 = _NEAREST_NEIGHBOR_BACKWARD(grad_dist2.contiguous(), y, x, idx2)
     return grad_x1 + grad_x2, grad_y1 + grad_y2
 
 
@@ -185,6 +185,7 @@ class ChamferOutput(NamedTuple):
 # NamedTuple's Python-level __new__.
 _NEAREST_NEIGHBOR = eager_entry(torch.ops.pointops.nearest_neighbor.default)
 _CHAMFER = eager_entry(torch.ops.pointops.chamfer.default)
+_NEAREST_NEIGHBOR_BACKWARD = eager_entry(torch.ops.pointops._nearest_neighbor_backward.default)
 _new_chamfer_output = tuple.__new__
 
 
@@ -213,7 +214,7 @@ class ChamferFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, y, algorithm="auto"):
         _require_tensors(x=x, y=y)
-        dist1, dist2, idx1, idx2 = torch.ops.pointops.chamfer(x, y, None, None, 2, algorithm)
+        dist1, dist2, idx1, idx2 = _CHAMFER(x, y, None, None, 2, algorithm)
         ctx.save_for_backward(x, y, idx1, idx2)
         ctx.mark_non_differentiable(idx1, idx2)
         return dist1, dist2, idx1, idx2

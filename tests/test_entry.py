@@ -34,6 +34,7 @@ def _calls():
     that calls an eager entry."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.rand(2, 5, 3, generator=g), torch.rand(2, 4, 3, generator=g)
+    xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
     m, w = torch.rand(3, 4, generator=g), torch.rand(4, generator=g)
     vs, pr = (0.5, 0.5, 0.5), (0.0, 0.0, 0.0, 1.0, 1.0, 1.0)
     st, ch, cl, ps, nb, vx = (_module(n) for n in ("strided", "chamfer", "chamfer_loss", "particle_sum", "neighbors",
@@ -47,6 +48,9 @@ def _calls():
         (lambda: strided.matmul(m, m.T), st, "_MATMUL", OPS.strided_matmul.default),
         (lambda: pointops.nearest_neighbor(x, y), ch, "_NEAREST_NEIGHBOR", OPS.nearest_neighbor.default),
         (lambda: pointops.chamfer(x, y), ch, "_CHAMFER", OPS.chamfer.default),
+        (lambda: pointops.ChamferFunction.apply(x, y), ch, "_CHAMFER", OPS.chamfer.default),
+        (lambda: torch.autograd.grad(pointops.ChamferFunction.apply(xg, yg)[0].sum(), (xg, yg)), ch,
+         "_NEAREST_NEIGHBOR_BACKWARD", OPS._nearest_neighbor_backward.default),
         (lambda: pointops.chamfer_distance(x, y), cl, "_CHAMFER_DISTANCE", OPS._chamfer_distance.default),
         (lambda: pointops.particle_sum(x[0], y[0], w, sigma=0.5), ps, "_PARTICLE_SUM", OPS.particle_sum.default),
         (lambda: pointops.knn_points(x, y, K=2), nb, "_KNN_POINTS", OPS.knn_points.default),
