@@ -58,25 +58,17 @@ if want build; then
   # JIT-builds, and a JIT build killed by a time limit leaves torch's lock behind, on which every
   # later import on that machine waits for ever.
   rm -f "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"/*/pointops_C_*/lock
-  carried=0
-  if [ -f .devbuild/module.tgz.00 ]; then
-    # .devbuild/ (git-ignored, carried): a module an earlier lease built (save-module), used only
-    # when it was built from this tree's sources.
-    if [ "$(cat .devbuild/sources.sha1)" = "$(sources_hash)" ]; then
-      cat .devbuild/module.tgz.* | tar -xzf - -C pointops && carried=1
-      echo "== build: the module carried in .devbuild (sources $(cat .devbuild/sources.sha1))"
-    else
-      echo "== build: .devbuild's module was built from other sources: building"
-      FORCE_BUILD=1
-    fi
-  fi
-  # A module left by an earlier call on a warm machine may come from other sources (a build cut off
-  # by a time limit leaves the previous one): FORCE_BUILD=1 rebuilds whatever is there.
-  if [ $carried = 1 ]; then
-    :
-  elif [ -f "pointops/_C$suffix" ] && [ "${FORCE_BUILD:-0}" != 1 ]; then
+  # .devbuild/ (git-ignored, carried): a module an earlier lease built (save-module), used only when
+  # it was built from this tree's sources. A module left by an earlier call on a warm machine may
+  # come from other sources (a build cut off by a time limit leaves the previous one): FORCE_BUILD=1
+  # rebuilds whatever is there, as does a carried module that does not match.
+  if [ -f .devbuild/module.tgz.00 ] && [ "$(cat .devbuild/sources.sha1)" = "$(sources_hash)" ] \
+      && cat .devbuild/module.tgz.* | tar -xzf - -C pointops; then
+    echo "== build: the module carried in .devbuild (sources $(cat .devbuild/sources.sha1))"
+  elif [ -f "pointops/_C$suffix" ] && [ "${FORCE_BUILD:-0}" != 1 ] && [ ! -f .devbuild/module.tgz.00 ]; then
     echo "== build: pointops/_C$suffix is there (FORCE_BUILD=1 rebuilds it)"
   else
+    [ -f .devbuild/module.tgz.00 ] && echo "== build: .devbuild's module is not this tree's: building"
     MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
       step build 420 python -m pip install --no-build-isolation --no-deps -e .
   fi
