@@ -58,6 +58,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
+
 from ._entry import eager_entry
 
 __all__ = ["nearest_neighbor", "chamfer", "ChamferFunction", "fscore"]

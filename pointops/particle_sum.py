@@ -76,6 +76,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
+
 from ._entry import eager_entry
 
 __all__ = ["particle_sum", "ParticleSum", "KERNELS"]

@@ -50,6 +50,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
+
 from ._entry import eager_entry
 
 __all__ = ["map", "zip", "reduce", "matmul", "MAP_FNS", "ZIP_FNS", "REDUCE_FNS"]

@@ -34,6 +34,7 @@ from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
+
 from ._entry import eager_entry
 
 __all__ = ["voxelize", "voxel_features", "Voxels", "VoxelFeatures", "Voxelizer"]

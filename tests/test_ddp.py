@@ -34,15 +34,22 @@ def torchrun(nproc, *args):
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(EXAMPLE), *args]
 
 
+def proc_stat(stat):
+    """The fields of a /proc/<pid>/stat file after the command name: [state, ppid, ...]; None once the
+    process is gone (the name, in parentheses, may itself hold spaces or parentheses)."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def descendants(pid):
     """Every process below pid, from /proc (Linux; elsewhere none are found)."""
     children = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # "pid (comm) state ppid ..."
-        except (OSError, IndexError, ValueError):
-            continue  # exited meanwhile
-        children.setdefault(parent, []).append(int(stat.parent.name))
+        fields = proc_stat(stat)
+        if fields is not None:  # else exited meanwhile
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     found, todo = [], [pid]
     while todo:
         below = children.get(todo.pop(), [])
@@ -146,11 +153,8 @@ def test_a_run_past_its_time_is_killed_with_every_process_it_started():
         run([sys.executable, "-c", parent], timeout_s=3)
     child_pid = int(re.search(r"stdout \(end\):\n(\d+)", str(failure.value)).group(1))
     for _ in range(50):  # SIGKILL is asynchronous: wait until the process is gone (or a zombie)
-        try:
-            state = Path(f"/proc/{child_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            break
-        if state == "Z":
+        fields = proc_stat(Path(f"/proc/{child_pid}/stat"))
+        if fields is None or fields[0] == "Z":
             break
         time.sleep(0.1)
     else:
