@@ -22,6 +22,7 @@
 #   probe-lists         grid_cuda_check.py probe-lists (knn_points K > 1; LIST_KS, LIST_FACTORS)
 #   lists-tests         the CUDA knn tests of test_grid_search.py / test_neighbors.py
 #   memcheck-lists      memcheck on the K > 1 probe tests
+#   racecheck-lists     racecheck on the same tests (the lists kernels' shared tiles, the probe's skip)
 #   reduce              bench_strided.py's reduce rows, three runs
 #   step                scripts/debug/chamfer_step_probe.py (the Chamfer training step)
 #   overhead            benchmarks/bench_overhead.py --device cuda
@@ -158,6 +159,10 @@ if want lists-tests; then
 fi
 if want memcheck-lists; then
   TAILN=3 step memcheck-lists "${MEMCHECK_LISTS_S:-250}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python -m pytest tests/test_grid_search.py -q -p no:cacheprovider -k "lists and not graph"
+fi
+if want racecheck-lists; then
+  TAILN=3 step racecheck-lists "${RACECHECK_LISTS_S:-250}" compute-sanitizer --tool racecheck --error-exitcode 9 \
     python -m pytest tests/test_grid_search.py -q -p no:cacheprovider -k "lists and not graph"
 fi
 if want overhead; then
