@@ -180,6 +180,8 @@ def device_name(device):
 
 # ---------------------------------------------------------------- training
 def train(args):
+    """Trains as the arguments say; returns the model (DDP-wrapped under torchrun) and whether a
+    process group was used. The caller keeps the model until the process leaves (see __main__)."""
     rank, world_size, device, distributed = init_distributed(args)
     try:
         dtype = getattr(torch, args.dtype)
@@ -250,17 +252,22 @@ def train(args):
     finally:
         if distributed:
             dist.destroy_process_group()
-    return distributed
+    return model, distributed
 
 
 if __name__ == "__main__":
-    if train(parse_args()):
-        # Leave without the interpreter's teardown. DDP keeps its process group, and so gloo's
-        # worker threads, alive past destroy_process_group (torch 2.13). A worker that drops its
-        # reference to the last tensor it reduced (here: the logged loss) only after Python has
-        # started finalizing cannot take the GIL, and the process aborts with "terminate called
-        # without an active exception" (about 1 run in 5 on 2 CPU cores; pytorch/pytorch#179291
-        # describes the mechanism). Everything is written and the group is destroyed by now.
+    # The model is held here until the process leaves, and the process leaves without the
+    # interpreter's teardown. Under DDP the model's Reducer holds the last reference to the process
+    # group (destroy_process_group only unregisters it), so freeing the model destroys the group, and
+    # gloo's destructor joins its worker threads while Python holds the GIL. A worker still dropping
+    # its reference to the last tensor it reduced (here: the logged loss or the step time) needs the
+    # GIL for that, so both wait for ever: 8 of 40 runs on 2 CPU cores hung there when train()
+    # returned (gdb: ~ProcessGroupGloo in thread::join, the worker in take_gil from
+    # ~AsyncAllreduceWork; pytorch/pytorch#56297). At interpreter teardown the same worker aborts
+    # the process instead ("terminate called without an active exception": pytorch/pytorch#179291).
+    # Everything is written and the group is unregistered by now.
+    model, distributed = train(parse_args())
+    if distributed:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
