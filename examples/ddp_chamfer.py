@@ -256,9 +256,10 @@ def train(args):
 
 
 if __name__ == "__main__":
-    # The model is held here until the process leaves, and the process leaves without the
-    # interpreter's teardown. Under DDP the model's Reducer holds the last reference to the process
-    # group (destroy_process_group only unregisters it), so freeing the model destroys the group, and
+    # Under torchrun the model is held here until the process leaves, and the process leaves without
+    # the interpreter's teardown (one process without a group exits normally). Under DDP the model's
+    # Reducer holds the last reference to the process group (destroy_process_group shuts it down and
+    # unregisters it, but gloo's threads live on), so freeing the model destroys the group, and
     # gloo's destructor joins its worker threads while Python holds the GIL. A worker still dropping
     # its reference to the last tensor it reduced (here: the logged loss or the step time) needs the
     # GIL for that, so both wait for ever: 8 of 40 runs on 2 CPU cores hung there when train()
