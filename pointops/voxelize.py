@@ -70,6 +70,7 @@ class Voxels(NamedTuple):
 _VOXELIZE = eager_entry(torch.ops.pointops.voxelize.default)
 _VOXELIZE_PADDED = eager_entry(torch.ops.pointops.voxelize_padded.default)
 _VOXEL_FEATURES = eager_entry(torch.ops.pointops.voxel_features.default)
+_VOXEL_FEATURES_BACKWARD = eager_entry(torch.ops.pointops._voxel_features_backward.default)
 _new_tuple = tuple.__new__
 
 
@@ -397,7 +398,7 @@ def _voxel_features_backward(ctx, grad_features, _grad_coords, _grad_num_points,
     points, point_to_voxel, num_points, features = ctx.saved_tensors
     if grad_features is None:
         return None, None, None, None, None
-    grad_points = torch.ops.pointops._voxel_features_backward(
+    grad_points = _VOXEL_FEATURES_BACKWARD(
         grad_features, points, point_to_voxel, num_points, features, ctx.reduce)
     return grad_points, None, None, None, None
 
@@ -424,7 +425,7 @@ def _voxel_features_double_backward(ctx, upstream):
     grad_features, points, point_to_voxel, num_points, features = ctx.saved_tensors
     if upstream is None:
         return None, None, None, None, None, None
-    weight = torch.ops.pointops._voxel_features_backward(
+    weight = _VOXEL_FEATURES_BACKWARD(
         torch.ones_like(features), points, point_to_voxel, num_points, features, ctx.reduce)
     inside = point_to_voxel >= 0
     # index_put_ with accumulate=True is deterministic under torch.use_deterministic_algorithms.
