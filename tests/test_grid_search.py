@@ -97,6 +97,12 @@ def ragged(B, N, M, seed, device):
     return xl.to(device), yl.to(device)
 
 
+# POINTOPS_GRID_BALL_TILES settings a ball test runs under: CUDA's shared lists at any size for every
+# group ("1": a test's small inputs would otherwise not reach them) and its warp per query alone
+# ("0"); the CPU has one ball search.
+TILES = {"cpu": ("1",), "cuda": ("1", "0")}
+
+
 def both(fn):
     """fn(algorithm) for the grid and for brute force, compared bitwise."""
     assert_same(fn("grid"), fn("brute"))
@@ -272,34 +278,80 @@ def test_ball_query_grid_cell_groups(cell, device, monkeypatch):
     (more than the CUDA warp's 64..160-slot buffer: cuts to the K smallest); with cells of half the
     radius (cell "0.5", POINTOPS_GRID_BALL_CELL; the density rule's 0.087 where larger) a query
     reaches 4-5 cells per axis, more than the 32 one batch of lanes looks up (CUDA: no index
-    windows). D = 2: ~25 and ~100 candidates. K = 128 takes the largest CUDA buffer."""
+    windows). D = 2: ~25 and ~100 candidates. K = 128 takes the largest CUDA buffer.
+
+    On CUDA both searches run (TILES): the shared lists of a cell's queries (grid_ball_tile_cuda.cuh;
+    cells of edge r: ~80 and ~270 candidates per list fit its 480, ~650 go to the work list of the
+    warp per query; cells of half the radius: a cell's union box of 4-6 cells per axis is over the
+    64 cells a list takes when its queries spread over it) and the warp per query alone
+    (POINTOPS_GRID_BALL_TILES=0)."""
     monkeypatch.setenv("POINTOPS_GRID_BALL_CELL", cell)
     g = torch.Generator().manual_seed(41)
     p1 = (1.2 * torch.rand(2, 700, 3, generator=g) - 0.1).to(device)
     p2 = torch.rand(2, 3000, 3, generator=g).to(device)
     l1, l2 = torch.tensor([700, 517], device=device), torch.tensor([2900, 3000], device=device)
-    for radius in (0.1, 0.15, 0.2):
-        for K in (1, 16, 64, 128):
-            both(lambda a: pointops.ball_query(p1, p2, l1, l2, K=K, radius=radius, algorithm=a)[:2])
     p1_2d, p2_2d = p1[..., :2].contiguous(), p2[..., :2].contiguous()
-    for radius in (0.03, 0.06):
-        both(lambda a: pointops.ball_query(p1_2d, p2_2d, l1, l2, K=32, radius=radius, algorithm=a)[:2])
+    for tiles in TILES[device]:
+        monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+        for radius in (0.1, 0.15, 0.2):
+            for K in (1, 16, 64, 128):
+                both(lambda a: pointops.ball_query(p1, p2, l1, l2, K=K, radius=radius, algorithm=a)[:2])
+        for radius in (0.03, 0.06):
+            both(lambda a: pointops.ball_query(p1_2d, p2_2d, l1, l2, K=32, radius=radius, algorithm=a)[:2])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_ball_query_grid_dense_cells(device):
+def test_ball_query_grid_list_sizes(device, monkeypatch):
+    """Cloud sizes around the CUDA shared lists' bitmap of reference indices (grid_ball_tile_cuda.cuh:
+    clouds of <= 32768 references, each lane owning a power of two of 32-bit words): 1 and 31
+    references (one word), 1025 with 1000 valid (two words per lane), 32768 with 32767 valid (the
+    largest bitmap, its last word partly used) and 32769 (the warp per query alone). K = 4 stops
+    each query's scan early, K = 64 at ~20 hits takes them all. On CUDA also with
+    POINTOPS_GRID_BALL_TILES=0."""
+    g = torch.Generator().manual_seed(61)
+    queries = (1.1 * torch.rand(2, 150, 3, generator=g) - 0.05).to(device)
+    for tiles in TILES[device]:
+        monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+        for M, valid, radius in ((1, 1, 0.5), (31, 31, 0.5), (1025, 1000, 0.17), (32768, 32767, 0.055),
+                                 (32769, 32769, 0.055)):
+            refs = torch.rand(2, M, 3, generator=g).to(device)
+            lengths = torch.tensor([valid, M], device=device)
+            for K in (4, 64):
+                both(lambda a: pointops.ball_query(queries, refs, None, lengths, K=K, radius=radius, algorithm=a)[:2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ball_query_grid_dense_cells(device, monkeypatch):
     """Dense cells, as in issue 18's ball row: ~12 references and ~24 queries per cell of edge r, so
     32 consecutive sorted queries (a CUDA warp's worth) share one or two cells; ragged clouds whose
     sizes are not multiples of 32; K = 8, which every ball fills early (the index-window early exit),
-    and 50 / 64, about the ~50 hits of a ball. D = 2 too."""
+    and 50 / 64, about the ~50 hits of a ball. D = 2 too. On CUDA with and without the shared lists
+    (POINTOPS_GRID_BALL_TILES)."""
     g = torch.Generator().manual_seed(53)
     p1 = torch.rand(3, 3000, 3, generator=g).to(device)
     p2 = torch.rand(3, 1500, 3, generator=g).to(device)
     l1, l2 = torch.tensor([3000, 2011, 997], device=device), torch.tensor([1500, 1500, 1203], device=device)
-    for K in (1, 8, 50, 64):
-        both(lambda a: pointops.ball_query(p1, p2, l1, l2, K=K, radius=0.2, algorithm=a)[:2])
     p1_2d, p2_2d = p1[..., :2].contiguous(), p2[..., :2].contiguous()
-    both(lambda a: pointops.ball_query(p1_2d, p2_2d, l1, l2, K=32, radius=0.05, algorithm=a)[:2])
+    for tiles in TILES[device]:
+        monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+        for K in (1, 8, 50, 64):
+            both(lambda a: pointops.ball_query(p1, p2, l1, l2, K=K, radius=0.2, algorithm=a)[:2])
+        both(lambda a: pointops.ball_query(p1_2d, p2_2d, l1, l2, K=32, radius=0.05, algorithm=a)[:2])
+
+
+@requires_cuda
+def test_ball_query_grid_lists_by_default_rule(monkeypatch):
+    """The CUDA shared lists as "grid" takes them without the override (>= 65536 queries, groups of
+    >= 4 queries; smaller groups and lists over 480 candidates to the work list): dense queries (~40
+    per cell of edge r), a corner of sparse queries (groups of 1-3), and a radius whose lists
+    overflow."""
+    monkeypatch.delenv("POINTOPS_GRID_BALL_TILES", raising=False)
+    g = torch.Generator().manual_seed(71)
+    p1 = torch.rand(2, 40000, 3, generator=g)
+    p1[:, :500] = 1.0 + 0.5 * p1[:, :500]  # sparse queries beside the references' box
+    p1, p2 = p1.cuda(), torch.rand(2, 16384, 3, generator=g).cuda()
+    for K, radius in ((16, 0.1), (64, 0.1), (64, 0.13), (8, 0.05)):
+        both(lambda a: pointops.ball_query(p1, p2, K=K, radius=radius, algorithm=a)[:2])
 
 
 @requires_cuda

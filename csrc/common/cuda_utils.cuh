@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 namespace pointops {
@@ -37,6 +38,24 @@ inline int multiprocessor_count() {
     if (cacheable) cached[device].store(count, std::memory_order_relaxed);
   }
   return count;
+}
+
+// Blocks of `kernel` (launched with `threads` threads and `dynamic_shared` bytes) resident per SM
+// of the current device, cached per (kernel, threads, shared bytes, device): the occupancy query
+// costs host time that a small call cannot spare.
+inline int resident_blocks(const void* kernel, int threads, size_t dynamic_shared) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t, int>, int> cache;
+  const int device = c10::cuda::current_device();
+  const auto key = std::make_tuple(kernel, threads, dynamic_shared, device);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int blocks = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, dynamic_shared));
+  blocks = std::max(blocks, 1);
+  cache.emplace(key, blocks);
+  return blocks;
 }
 
 // Programmatic dependent launch (compute capability 9.0+): a kernel launched with

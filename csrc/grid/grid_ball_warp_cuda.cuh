@@ -1,4 +1,5 @@
-// Ball query over the grid with one warp per query (grid_search_cuda.cu launches it for K <= 128;
+// Ball query over the grid with one warp per query (grid_search_cuda.cu launches it for K <= 128,
+// directly or, behind grid_ball_tile_cuda.cuh's shared lists, for the queries of its work list;
 // larger K keep the one-thread-per-query passes of grid_cuda.cuh's ball_search_query).
 //
 // Why a warp: a ball of radius r around a query touches up to 27 cells of edge >= r, holding some

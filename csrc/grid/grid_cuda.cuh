@@ -395,6 +395,9 @@ struct SearchArgs {
   const uint8_t* use_grid;     // (B,) or nullptr: knn searches only the clouds marked 1 (the probe's
                                // choice; brute force writes the others' results)
   acc_t r2;                    // ball query: squared_radius(radius)
+  uint32_t* ball_list_count;   // ball query, grid_ball_tile_cuda.cuh: the work list's length - 1
+  int32_t* ball_list;          // (B N) sorted query positions left to the warp per query
+  int ball_min_group;          // the smallest group of queries that shares a list
   acc_t* dists;                // (B, N, K)
   int64_t* idx;                // (B, N, K)
 };

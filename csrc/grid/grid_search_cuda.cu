@@ -27,7 +27,12 @@
 //            cover it (or the grid). A cell is skipped when its box is provably farther; a run is
 //            left early once the K-th best is 0 (the rest can only tie with larger indices).
 //            K > 64: passes of 64, each taking the best candidates after the last one written.
-//   ball     K <= 128: one warp per query (grid_ball_warp_cuda.cuh): the lanes look up the cells
+//   ball     K <= 128, clouds of <= 32768 references: one warp per 32 sorted queries
+//            (grid_ball_tile_cuda.cuh): the queries of a cell share one candidate list, the runs of
+//            their cells put in index order through a bitmap of the cloud's indices, which each
+//            scans in index order up to its K-th point inside (brute force's loop over the
+//            candidates only); groups over 64 cells or 512 candidates go to a work list for:
+//            K <= 128: one warp per query (grid_ball_warp_cuda.cuh): the lanes look up the cells
 //            within the radius together, stride over their runs, append the points inside to a
 //            per-warp buffer and keep the K smallest indices; a query whose cells hold more than a
 //            quarter of the cloud scans it in index order instead (brute force's early exit).
@@ -41,10 +46,12 @@
 //
 // Memory (bytes): 16 x capacity (table, capacity = pow2 >= 2 B M) + 24 x B (M + N) (keys and
 // values, double-buffered) + sizeof(GridPoint) x B M (16 for float D = 2, 3; 32 for double) + the
-// sort's temporary storage + small per-cloud arrays. 1M x 1M float D = 3: ~100 MB.
+// sort's temporary storage + small per-cloud arrays (+ 4 x B N: the ball query's work list).
+// 1M x 1M float D = 3: ~100 MB.
 //
 // Debugging: POINTOPS_GRID_POINTS_PER_CELL overrides the cell-size rule's points per cell (knn),
-// POINTOPS_GRID_BALL_CELL the ball query's smallest cell edge in radii, POINTOPS_GRID_CROWDING the
+// POINTOPS_GRID_BALL_CELL the ball query's smallest cell edge in radii, POINTOPS_GRID_BALL_TILES its
+// shared lists (0: off; n > 0: on at any size, for groups of >= n queries), POINTOPS_GRID_CROWDING the
 // crowding refinement's target (0: off); POINTOPS_GRID_NEAREST_MIN_REFS / _MIN_PAIRS the K = 1
 // thresholds of grid_pays_cuda; POINTOPS_GRID_PROBE_SCALE / _CHAIN / _LIST_FACTOR / _DEBUG the
 // far-query probe's (grid_probe_kernel);
@@ -66,6 +73,7 @@
 #include "common/cuda_utils.cuh"
 #include "common/hash_table.h"
 #include "grid/grid.h"
+#include "grid/grid_ball_tile_cuda.cuh"
 #include "grid/grid_ball_warp_cuda.cuh"
 #include "grid/grid_cuda.cuh"
 #include "neighbors/neighbors.h"
@@ -572,14 +580,17 @@ struct GridBuild {
   const int32_t* order;
   int log2_cells;
   ProbeScratch probe;  // cleared; null pointers unless asked for
+  uint32_t* ball_list_count = nullptr;  // cleared (holds count - 1); null unless asked for
+  int32_t* ball_list = nullptr;         // (B N); null unless asked for
 };
 
 // crowding_target > 0: the crowding refinement (knn), in points (see grid_crowding_count_kernel).
-// probe: room for grid_probe_kernel's counters in the cleared scratch.
+// probe: room for grid_probe_kernel's counters in the cleared scratch. ball_list: room for the
+// ball query's work list (grid_ball_tile_cuda.cuh), its counter in the cleared scratch.
 template <typename acc_t, int D>
 GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const at::Tensor& len1,
                                const at::Tensor& len2, BuildConfig cfg, double crowding_target = 0,
-                               bool probe = false) {
+                               bool probe = false, bool ball_list = false) {
   const int64_t B = q.size(0), N = q.size(1), M = r.size(1);
   const int64_t total = B * (M + N);
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -624,12 +635,14 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   const int64_t off_probe_cost = carve(probe ? B * 8 : 0);
   const int64_t off_probe_cells = carve(probe ? B * 8 : 0);
   const int64_t off_probe_done = carve(probe ? B * 4 : 0);
+  const int64_t off_ball_count = carve(ball_list ? 4 : 0);
   const int64_t cleared = offset;
   const int64_t off_grids = carve(B * static_cast<int64_t>(sizeof(GridParams)));
   const int64_t off_keys0 = carve(total * 8), off_keys1 = carve(total * 8);
   const int64_t off_values0 = carve(total * 4), off_values1 = carve(total * 4);
   const int64_t off_temp = carve(static_cast<int64_t>(sort_bytes));
   const int64_t off_points = carve(B * M * static_cast<int64_t>(sizeof(GridPoint<acc_t, D>)));
+  const int64_t off_ball_list = carve(ball_list ? B * N * 4 : 0);
   build.buffer = at::empty({offset}, q.options().dtype(at::kByte));
   char* base = static_cast<char*>(build.buffer.mutable_data_ptr());
   BoundsScratch scratch{reinterpret_cast<unsigned long long*>(base + off_bounds),
@@ -641,6 +654,10 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
                                      reinterpret_cast<unsigned long long*>(base + off_probe_cells),
                                      reinterpret_cast<uint32_t*>(base + off_probe_done)}
                       : ProbeScratch{nullptr, nullptr, nullptr};
+  if (ball_list) {
+    build.ball_list_count = reinterpret_cast<uint32_t*>(base + off_ball_count);
+    build.ball_list = reinterpret_cast<int32_t*>(base + off_ball_list);
+  }
   cub::DoubleBuffer<uint64_t> keys(reinterpret_cast<uint64_t*>(base + off_keys0),
                                    reinterpret_cast<uint64_t*>(base + off_keys1));
   cub::DoubleBuffer<int32_t> values(reinterpret_cast<int32_t*>(base + off_values0),
@@ -739,6 +756,8 @@ SearchArgs<acc_t, D> make_search_args(const at::Tensor& q, const at::Tensor& r, 
   a.points = build.points;
   a.order = build.order;
   a.log2_cells = build.log2_cells;
+  a.ball_list_count = build.ball_list_count;
+  a.ball_list = build.ball_list;
   a.dists = dists.data_ptr<acc_t>();
   a.idx = idx.data_ptr<int64_t>();
   return a;
@@ -806,18 +825,38 @@ void launch_ball_warps(Kernel kernel, const Args& a) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// K <= 128: a warp per query (grid_ball_warp_cuda.cuh), a buffer of 32 R >= K + 32 slots per warp.
-// Larger K: a thread per query, passes of 64.
+// Clouds of <= kTileMaxRefs references (a.ball_list set): a warp per 32 sorted queries, one list per
+// cell (grid_ball_tile_cuda.cuh), then the groups that did not fit, a warp per query from the work
+// list in one wave of blocks striding over it (the list's length is on the device).
+template <typename acc_t, int D, int R>
+void launch_ball_tiles(const SearchArgs<acc_t, D>& a) {
+  constexpr int warps = ball_tile_warps<acc_t>();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t blocks = ceil_div<int64_t>(a.B * a.N, 32 * warps);
+  ball_grid_tile_kernel<acc_t, D><<<static_cast<unsigned>(blocks), 32 * warps, 0, stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto list_kernel = ball_grid_warp_list_kernel<acc_t, D, R>;
+  const int64_t wave = static_cast<int64_t>(multiprocessor_count()) *
+                       resident_blocks(reinterpret_cast<const void*>(list_kernel), kBallWarpThreads, 0);
+  const int64_t list_blocks = std::min<int64_t>(ceil_div<int64_t>(a.B * a.N, kBallWarps), wave);
+  list_kernel<<<static_cast<unsigned>(list_blocks), kBallWarpThreads, 0, stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// K <= 128: a warp per query (grid_ball_warp_cuda.cuh), a buffer of 32 R >= K + 32 slots per warp,
+// behind the shared lists where the cloud fits their bitmap. Larger K: a thread per query, passes
+// of 64.
 template <typename acc_t, int D>
 void launch_ball(const SearchArgs<acc_t, D>& a) {
+  const bool tiles = a.ball_list != nullptr;
   if (a.K <= 32) {
-    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 2>, a);
+    tiles ? launch_ball_tiles<acc_t, D, 2>(a) : launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 2>, a);
   } else if (a.K <= 64) {
-    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 3>, a);
+    tiles ? launch_ball_tiles<acc_t, D, 3>(a) : launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 3>, a);
   } else if (a.K <= 96) {
-    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 4>, a);
+    tiles ? launch_ball_tiles<acc_t, D, 4>(a) : launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 4>, a);
   } else if (a.K <= kBallWarpMaxK) {
-    launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 5>, a);
+    tiles ? launch_ball_tiles<acc_t, D, 5>(a) : launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 5>, a);
   } else {
     launch_search(ball_grid_kernel<acc_t, D, 64>, a);  // passes of 64
   }
@@ -953,14 +992,20 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, co
   cfg.points_per_cell = kPointsPerCellNN;
   // finite (check_ball_query_inputs); huge: one cell
   cfg.min_cell = env_override("POINTOPS_GRID_BALL_CELL", 1.0, false) * std::fabs(radius);
+  // The shared lists where a cloud fits their bitmap and the queries are many. POINTOPS_GRID_BALL_TILES:
+  // 0 the warp per query alone; n > 0 the lists at any number of queries, for groups of >= n.
+  const double tiles_override = env_override("POINTOPS_GRID_BALL_TILES", -1.0, true);
+  const bool tiles = K <= kBallWarpMaxK && p2.size(1) <= kTileMaxRefs &&
+                     (tiles_override < 0 ? B * N >= kTileMinQueries : tiles_override > 0);
   AT_DISPATCH_FLOATING_TYPES(compute_type, "ball_query_grid_cuda", [&] {
     using acc_t = scalar_t;
     dispatch_dim(dim, [&](auto dim_tag) {
       constexpr int D = decltype(dim_tag)::value;
       if constexpr (D == 2 || D == 3) {
-        const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg);
+        const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg, 0, false, tiles);
         auto a = make_search_args<acc_t, D>(q, r, lengths1, lengths2, K, build, dists, idx);
         a.r2 = squared_radius<acc_t>(radius);
+        a.ball_min_group = tiles_override > 0 ? static_cast<int>(tiles_override) : kTileMinGroup;
         launch_ball<acc_t, D>(a);
       }
     });

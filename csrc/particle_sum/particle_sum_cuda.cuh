@@ -28,8 +28,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <mutex>
-#include <unordered_map>
 
 #include "common/cuda_utils.cuh"
 #include "particle_sum/particle_sum.h"
@@ -423,24 +421,6 @@ __global__ void __launch_bounds__(kMergeThreads) particle_sum_merge_splits_kerne
 }
 
 // ----------------------------------------------------------------------------- planning
-// Blocks of `kernel` resident per SM, cached per (kernel, shared bytes, device): the query costs
-// host time that a small call cannot spare.
-inline int resident_blocks(const void* kernel, size_t dynamic_shared) {
-  static std::mutex mutex;
-  static std::unordered_map<uint64_t, int> cache;
-  const int device = c10::cuda::current_device();
-  const uint64_t key = reinterpret_cast<uint64_t>(kernel) ^ (static_cast<uint64_t>(dynamic_shared) << 40) ^
-                       (static_cast<uint64_t>(device) << 58);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int blocks = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, dynamic_shared));
-  blocks = std::max(blocks, 1);
-  cache.emplace(key, blocks);
-  return blocks;
-}
-
 // Splits of the sources: enough blocks for two rounds of the resident slots, then the first
 // count that loads the SMs evenly (blocks per SM within 3% of the mean), bounded by kMinSplit
 // sources per split and kScratchBytes of float64 totals.
@@ -474,7 +454,7 @@ template <typename T, typename Kernel, typename... Extra>
 void launch_planned(Kernel kernel, LaunchArgs<T> args, int64_t targets_per_block, size_t dynamic_shared,
                     const at::TensorOptions& device, cudaStream_t stream, Extra... extra) {
   const int accumulators = args.acc.accumulators_per_target();
-  plan_splits(args, targets_per_block, resident_blocks(reinterpret_cast<const void*>(kernel), dynamic_shared),
+  plan_splits(args, targets_per_block, resident_blocks(reinterpret_cast<const void*>(kernel), kThreads, dynamic_shared),
               accumulators);
   at::Tensor partial;
   if (args.num_splits > 1) {

@@ -11,8 +11,9 @@
 #   memcheck-probe      memcheck on the far-query probe and chunked-reduction tests, and the K = 1
 #                       run batches' test (test_nearest_in_runs_of_every_length)
 #   memcheck-ball       memcheck on the CUDA ball-query tests of the grid and of test_neighbors.py
-#   racecheck-ball      racecheck on the crowded, cell-group and dense-cell ball tests (the warp ball
-#                       query's shared buffers)
+#   racecheck-ball      racecheck on the crowded, cell-group, dense-cell and list ball tests (the warp
+#                       ball query's shared buffers, the shared lists' bitmap and staging)
+#   memcheck-tiles      memcheck on the same tests (the shared lists and the work list)
 #   ball-tests          the CUDA ball-query tests of the grid and of test_neighbors.py
 #   check               grid_cuda_check.py check (random cases, grid vs brute bit for bit)
 #   ball                grid_cuda_check.py ball (the issue's ball row, its kernels, grid vs brute)
@@ -109,8 +110,14 @@ if want memcheck-ball; then
     tests/test_grid_search.py tests/test_neighbors.py -q -p no:cacheprovider -k "ball and cuda and not compile"
 fi
 if want racecheck-ball; then
-  step racecheck-ball 200 compute-sanitizer --tool racecheck --error-exitcode 9 python -m pytest \
-    tests/test_grid_search.py -q -p no:cacheprovider -k "(cell_groups or crowded or dense_cells) and cuda"
+  step racecheck-ball "${RACECHECK_BALL_S:-200}" compute-sanitizer --tool racecheck --error-exitcode 9 python -m pytest \
+    tests/test_grid_search.py -q -p no:cacheprovider \
+    -k "(cell_groups or crowded or dense_cells or list_sizes or lists_by_default) and cuda"
+fi
+if want memcheck-tiles; then
+  step memcheck-tiles "${MEMCHECK_TILES_S:-200}" compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
+    tests/test_grid_search.py -q -p no:cacheprovider \
+    -k "(cell_groups or crowded or dense_cells or list_sizes or lists_by_default) and cuda"
 fi
 if want ball-tests; then
   TAILN=3 step ball-tests 200 python -m pytest tests/test_grid_search.py tests/test_neighbors.py -q \

@@ -16,9 +16,11 @@ A mismatch prints the case (shape, sizes, dtype, seed) and the first differing r
 with `check` and the same seed. The logic of the search is also checked on the CPU, without a GPU,
 by scripts/debug/grid_host_check.sh (same header, same functions).
 """
+import contextlib
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -531,6 +533,33 @@ def run_tune():
         run_ball(g)
 
 
+@contextlib.contextmanager
+def warp_per_query():
+    """The ball query's warp per query without the shared lists (POINTOPS_GRID_BALL_TILES=0)."""
+    os.environ["POINTOPS_GRID_BALL_TILES"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("POINTOPS_GRID_BALL_TILES", None)
+
+
+def host_us(fn, calls=20):
+    """Host microseconds per call of fn, the GPU kept busy meanwhile (torch.cuda._sleep), so that the
+    calls only enqueue: the host's share of a call, apart from the GPU's. Few calls per round: a
+    grid call enqueues ~15 operations, and a full launch queue (~1000 entries) would block the host."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(15):
+        torch.cuda._sleep(int(2e8))  # ~0.1 s of GPU time: nothing below waits for the device
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2]
+
+
 def run_ball(g=None):
     """ball_query on the grid: the issue's case under torch.profiler (time per kernel), the cell
     edge in radii (POINTOPS_GRID_BALL_CELL; TUNE_EDGES), then grid vs brute over radii and sizes
@@ -552,6 +581,10 @@ def run_ball(g=None):
     for _ in range(3):  # three rounds: the spread of the issue's row
         row("ball_query K=64 r=0.1 8 x 16384^2", timed(call, repeat=50), timed(brute), "<= 0.3 ms",
             verify(call()[:2], want))
+        with warp_per_query():  # the same row without the shared lists, same run
+            row("  the same, POINTOPS_GRID_BALL_TILES=0 (warp per query)", timed(call, repeat=50), None, None,
+                verify(call()[:2], want))
+    print(f"host us per call (GPU busy): grid {host_us(call):.1f}, brute {host_us(brute):.1f}", flush=True)
     for edge in [float(v) for v in os.environ.get("TUNE_EDGES", "0.5,0.7,1.0,1.4,2.0").split(",")]:
         os.environ["POINTOPS_GRID_BALL_CELL"] = str(edge)
         ok = verify(ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="grid")[:2], want)
@@ -569,9 +602,12 @@ def run_ball(g=None):
                 brute = lambda: ops.ball_query(p1, p2, K=K, radius=radius, algorithm="brute")  # noqa: E731
                 ok = verify(grid()[:2], brute()[:2])
                 tg, tbr = timed(grid), timed(brute, repeat=5)
+                with warp_per_query():
+                    ok = ok and verify(grid()[:2], brute()[:2])
+                    tw = timed(grid)
                 FAILURES.extend([] if ok else [f"ball {B} {n} {K} {radius}"])
                 print(f"B={B:2d} n={n:6d} K={K:2d} r={radius:4.2f}: grid {tg:8.3f} ms  brute {tbr:8.3f} ms "
-                      f"({tbr / tg:6.2f}x) {ok}", flush=True)
+                      f"({tbr / tg:6.2f}x)  warp per query {tw:8.3f} ms ({tbr / tw:6.2f}x) {ok}", flush=True)
 
 
 def run_chamfer_rounds():
