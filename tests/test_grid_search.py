@@ -204,19 +204,25 @@ def test_grid_chamfer_side_stream_keeps_memory_bounded():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["uniform", "clustered", "nonfinite", "point"])
-def test_ragged_and_empty(kind, device):
+def test_ragged_and_empty(kind, device, monkeypatch):
+    """Ragged lengths with an empty query cloud and an empty reference cloud, and empty shapes; the
+    ball query on CUDA with and without its shared lists (POINTOPS_GRID_BALL_TILES)."""
     x, y = pair(kind, B=5, N=90, M=110, seed=3, device=device)
     xl, yl = ragged(5, 90, 110, seed=4, device=device)
     both(lambda a: pointops.chamfer(x, y, xl, yl, algorithm=a))
     both(lambda a: pointops.knn_points(x, y, xl, yl, K=4, algorithm=a)[:2])
     both(lambda a: pointops.knn_points(x, y, xl, yl, K=1, algorithm=a)[:2])
-    both(lambda a: pointops.ball_query(x, y, xl, yl, K=6, radius=0.2, algorithm=a)[:2])
+    for tiles in TILES[device]:
+        monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+        both(lambda a: pointops.ball_query(x, y, xl, yl, K=6, radius=0.2, algorithm=a)[:2])
     for shapes in [(0, 5, 7), (2, 0, 7), (2, 5, 0), (2, 0, 0)]:  # B = 0, N = 0, M = 0
         B, N, M = shapes
         a_, b_ = torch.rand(B, N, 3, device=device), torch.rand(B, M, 3, device=device)
         both(lambda a: pointops.chamfer(a_, b_, algorithm=a))
         both(lambda a: pointops.knn_points(a_, b_, K=3, algorithm=a)[:2])
-        both(lambda a: pointops.ball_query(a_, b_, K=3, radius=0.5, algorithm=a)[:2])
+        for tiles in TILES[device]:
+            monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+            both(lambda a: pointops.ball_query(a_, b_, K=3, radius=0.5, algorithm=a)[:2])
 
 
 def test_chamfer_function_and_packed_faces():
@@ -243,13 +249,17 @@ def test_knn_points_grid_equals_brute(kind, dtype, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("kind", KINDS)
-def test_ball_query_grid_equals_brute(kind, dtype, device):
-    for D in (2, 3):
-        p1, p2 = pair(kind, N=80, M=200, D=D, dtype=dtype, seed=20 + D, device=device)
-        extent = 1e-30 if kind == "tiny" else 1.0
-        for radius in (0.01, 0.1, 0.3, 2.0, 1e30):
-            for K in (1, 4, 50, 100, 150):  # CUDA: a warp per query up to 128 (buffers of 64..160), passes above
-                both(lambda a: pointops.ball_query(p1, p2, K=K, radius=radius * extent, algorithm=a)[:2])
+def test_ball_query_grid_equals_brute(kind, dtype, device, monkeypatch):
+    """Every kind of cloud, D = 2 and 3, radii from below the spacing to +inf once squared, K below and
+    above M; on CUDA with and without the shared lists (float64 computes without them)."""
+    for tiles in TILES[device]:
+        monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+        for D in (2, 3):
+            p1, p2 = pair(kind, N=80, M=200, D=D, dtype=dtype, seed=20 + D, device=device)
+            extent = 1e-30 if kind == "tiny" else 1.0
+            for radius in (0.01, 0.1, 0.3, 2.0, 1e30):
+                for K in (1, 4, 50, 100, 150):  # CUDA: a warp per query up to 128 (buffers of 64..160), passes above
+                    both(lambda a: pointops.ball_query(p1, p2, K=K, radius=radius * extent, algorithm=a)[:2])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -342,13 +352,16 @@ def test_ball_query_grid_dense_cells(device, monkeypatch):
 @requires_cuda
 def test_ball_query_grid_lists_by_default_rule(monkeypatch):
     """The CUDA shared lists as "grid" takes them without the override (>= 65536 queries, groups of
-    >= 4 queries; smaller groups and lists over 480 candidates to the work list): dense queries (~40
-    per cell of edge r), a corner of sparse queries (groups of 1-3), and a radius whose lists
-    overflow."""
+    >= 4 queries; smaller groups and lists over 480 candidates to the work list): dense queries in
+    half the box (~80 per cell of edge r = 0.1), 300 queries spread over the other half (~0.6 per
+    cell: groups of 1-3, to the work list), 500 beyond the references' box (clamped into its corner
+    cells), and radii whose lists overflow (0.13) or whose cells hold ~2 queries (0.05)."""
     monkeypatch.delenv("POINTOPS_GRID_BALL_TILES", raising=False)
     g = torch.Generator().manual_seed(71)
     p1 = torch.rand(2, 40000, 3, generator=g)
-    p1[:, :500] = 1.0 + 0.5 * p1[:, :500]  # sparse queries beside the references' box
+    p1[:, :, 0] *= 0.5  # the dense half
+    p1[:, 500:800, 0] += 0.5  # sparse queries in the other half
+    p1[:, :500] = 1.0 + 0.5 * p1[:, :500]  # beyond the references' box
     p1, p2 = p1.cuda(), torch.rand(2, 16384, 3, generator=g).cuda()
     for K, radius in ((16, 0.1), (64, 0.1), (64, 0.13), (8, 0.05)):
         both(lambda a: pointops.ball_query(p1, p2, K=K, radius=radius, algorithm=a)[:2])

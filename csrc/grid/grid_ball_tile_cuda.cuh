@@ -1,8 +1,9 @@
 // Ball query over the grid for clouds of at most kTileMaxRefs references: one warp per 32
 // consecutive sorted queries, the queries of one cell sharing one candidate list that is put in
 // index order by a bitmap of the cloud's reference indices (grid_search_cuda.cu launches it for
-// K <= kBallWarpMaxK and at least kTileMinQueries queries; larger clouds and fewer queries keep
-// grid_ball_warp_cuda.cuh's warp per query).
+// float32 compute, K <= kBallWarpMaxK and at least kTileMinQueries queries; larger clouds, fewer
+// queries and float64 keep grid_ball_warp_cuda.cuh's warp per query: the templates take double, but
+// that instantiation has not run on a GPU, so it is not compiled).
 //
 // Why: the warp per query spends most of its ~2,100 warp instructions per query on its own set-up
 // (reach box, up to 27 hash lookups), on finding each candidate's run, and on ranking its hits by

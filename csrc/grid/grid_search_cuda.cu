@@ -27,11 +27,12 @@
 //            cover it (or the grid). A cell is skipped when its box is provably farther; a run is
 //            left early once the K-th best is 0 (the rest can only tie with larger indices).
 //            K > 64: passes of 64, each taking the best candidates after the last one written.
-//   ball     K <= 128, clouds of <= 32768 references: one warp per 32 sorted queries
-//            (grid_ball_tile_cuda.cuh): the queries of a cell share one candidate list, the runs of
-//            their cells put in index order through a bitmap of the cloud's indices, which each
-//            scans in index order up to its K-th point inside (brute force's loop over the
-//            candidates only); groups over 64 cells or 512 candidates go to a work list for:
+//   ball     K <= 128, float32 compute, clouds of <= 32768 references, >= 65536 queries: one warp
+//            per 32 sorted queries (grid_ball_tile_cuda.cuh): the queries of a cell share one
+//            candidate list, the runs of their cells put in index order through a bitmap of the
+//            cloud's indices, which each scans in index order up to its K-th point inside (brute
+//            force's loop over the candidates only); groups of < 4 queries, over 64 cells or over
+//            480 candidates go to a work list for:
 //            K <= 128: one warp per query (grid_ball_warp_cuda.cuh): the lanes look up the cells
 //            within the radius together, stride over their runs, append the points inside to a
 //            per-warp buffer and keep the K smallest indices; a query whose cells hold more than a
@@ -67,6 +68,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "chamfer/chamfer.h"
@@ -843,20 +845,31 @@ void launch_ball_tiles(const SearchArgs<acc_t, D>& a) {
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// K <= 128: a warp per query (grid_ball_warp_cuda.cuh), a buffer of 32 R >= K + 32 slots per warp,
-// behind the shared lists where the cloud fits their bitmap. Larger K: a thread per query, passes
-// of 64.
+// A warp per query with a buffer of 32 R >= K + 32 slots (grid_ball_warp_cuda.cuh), behind the
+// shared lists when build_grid made their work list (a.ball_list). The lists are compiled for float
+// only: their float64 instantiation has not run on a GPU, so build_grid gets no work list for it.
+template <typename acc_t, int D, int R>
+void launch_ball_warp_search(const SearchArgs<acc_t, D>& a) {
+  if constexpr (std::is_same_v<acc_t, float>) {
+    if (a.ball_list != nullptr) {
+      launch_ball_tiles<acc_t, D, R>(a);
+      return;
+    }
+  }
+  launch_ball_warps(ball_grid_warp_kernel<acc_t, D, R>, a);
+}
+
+// K <= 128: a warp per query (behind the shared lists); larger K: a thread per query, passes of 64.
 template <typename acc_t, int D>
 void launch_ball(const SearchArgs<acc_t, D>& a) {
-  const bool tiles = a.ball_list != nullptr;
   if (a.K <= 32) {
-    tiles ? launch_ball_tiles<acc_t, D, 2>(a) : launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 2>, a);
+    launch_ball_warp_search<acc_t, D, 2>(a);
   } else if (a.K <= 64) {
-    tiles ? launch_ball_tiles<acc_t, D, 3>(a) : launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 3>, a);
+    launch_ball_warp_search<acc_t, D, 3>(a);
   } else if (a.K <= 96) {
-    tiles ? launch_ball_tiles<acc_t, D, 4>(a) : launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 4>, a);
+    launch_ball_warp_search<acc_t, D, 4>(a);
   } else if (a.K <= kBallWarpMaxK) {
-    tiles ? launch_ball_tiles<acc_t, D, 5>(a) : launch_ball_warps(ball_grid_warp_kernel<acc_t, D, 5>, a);
+    launch_ball_warp_search<acc_t, D, 5>(a);
   } else {
     launch_search(ball_grid_kernel<acc_t, D, 64>, a);  // passes of 64
   }
@@ -995,7 +1008,7 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, co
   // The shared lists where a cloud fits their bitmap and the queries are many. POINTOPS_GRID_BALL_TILES:
   // 0 the warp per query alone; n > 0 the lists at any number of queries, for groups of >= n.
   const double tiles_override = env_override("POINTOPS_GRID_BALL_TILES", -1.0, true);
-  const bool tiles = K <= kBallWarpMaxK && p2.size(1) <= kTileMaxRefs &&
+  const bool tiles = K <= kBallWarpMaxK && p2.size(1) <= kTileMaxRefs && call.compute_type == at::kFloat &&
                      (tiles_override < 0 ? B * N >= kTileMinQueries : tiles_override > 0);
   AT_DISPATCH_FLOATING_TYPES(compute_type, "ball_query_grid_cuda", [&] {
     using acc_t = scalar_t;
@@ -1005,7 +1018,7 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, co
         const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg, 0, false, tiles);
         auto a = make_search_args<acc_t, D>(q, r, lengths1, lengths2, K, build, dists, idx);
         a.r2 = squared_radius<acc_t>(radius);
-        a.ball_min_group = tiles_override > 0 ? static_cast<int>(tiles_override) : kTileMinGroup;
+        a.ball_min_group = tiles_override > 0 ? static_cast<int>(std::min(tiles_override, 32.0)) : kTileMinGroup;
         launch_ball<acc_t, D>(a);
       }
     });

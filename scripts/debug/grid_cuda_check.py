@@ -536,11 +536,15 @@ def run_tune():
 @contextlib.contextmanager
 def warp_per_query():
     """The ball query's warp per query without the shared lists (POINTOPS_GRID_BALL_TILES=0)."""
+    before = os.environ.get("POINTOPS_GRID_BALL_TILES")
     os.environ["POINTOPS_GRID_BALL_TILES"] = "0"
     try:
         yield
     finally:
-        os.environ.pop("POINTOPS_GRID_BALL_TILES", None)
+        if before is None:
+            os.environ.pop("POINTOPS_GRID_BALL_TILES", None)
+        else:
+            os.environ["POINTOPS_GRID_BALL_TILES"] = before
 
 
 def host_us(fn, calls=20):
