@@ -17,6 +17,7 @@
 #   ball-tests          the CUDA ball-query tests of the grid and of test_neighbors.py
 #   check               grid_cuda_check.py check (random cases, grid vs brute bit for bit)
 #   ball                grid_cuda_check.py ball (the issue's ball row, its kernels, grid vs brute)
+#   ball-row            the same, the issue's row alone (three rounds, lists and warp per query)
 #   chamfer             grid_cuda_check.py chamfer (uniform 1M, the real scans, two small batches;
 #                       three rounds)
 #   probe               grid_cuda_check.py probe (PROBE_CHAINS sweeps the latency bound's cost)
@@ -27,6 +28,11 @@
 #   reduce              bench_strided.py's reduce rows, three runs
 #   step                scripts/debug/chamfer_step_probe.py (the Chamfer training step)
 #   overhead            benchmarks/bench_overhead.py --device cuda
+#   ncu-source          ncu source counters (per CUDA line and SASS instruction) of the ball list kernel
+#   profile-19          profile_particle_sum.py and profile_voxelize.py (issue 19's small calls)
+#   sass                cuobjdump -sass of the ball list kernel (float, D = 3)
+#   routes              test_ball_query_grid_routes (which path the ball queries take)
+#   grid-tests          the CUDA tests of test_grid_search.py and test_neighbors.py (GRID_TESTS_S)
 #   tune                grid_cuda_check.py tune over TUNE_CROWDING (default 24,48,64,96,128,192), no ball
 #   ncu-grid            ncu on one knn grid search kernel (KITTI moved vs scan) and one ball grid kernel
 #   streams             chamfer's two directions side by side (chamfer_cuda.cu, run_side_by_side): its
@@ -129,6 +135,9 @@ fi
 if want ball; then
   TAILN=100 step ball 300 python scripts/debug/grid_cuda_check.py ball
 fi
+if want ball-row; then
+  TAILN=30 step ball-row 120 env BALL_ROW_ONLY=1 python scripts/debug/grid_cuda_check.py ball
+fi
 if want chamfer; then
   TAILN=8 step chamfer 150 python scripts/debug/grid_cuda_check.py chamfer
 fi
@@ -177,4 +186,31 @@ if want racecheck-lists; then
 fi
 if want overhead; then
   TAILN=40 step overhead 200 python benchmarks/bench_overhead.py --device cuda
+fi
+if want ncu-source; then
+  # Per source line / SASS instruction of the ball query's list kernel (issue 18's row): instructions
+  # executed and warp-stall samples, as CSV (scripts/debug/ncu_source_summary.py reads them).
+  TAILN=5 step ncu-source-run 200 ncu --kernel-name regex:"ball_grid_tile" --launch-skip 2 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --section InstructionStats --import-source yes \
+    -f -o "$OUT/logs/tile" python scripts/debug/grid_profile.py "ball K=64"
+  TAILN=2 step ncu-source-cuda 60 ncu -i "$OUT/logs/tile.ncu-rep" --page source --csv --print-source cuda
+  TAILN=2 step ncu-source-sass 60 ncu -i "$OUT/logs/tile.ncu-rep" --page source --csv --print-source sass
+fi
+if want profile-19; then
+  # Issue 19's small GPU calls: the particle seed case and nuScenes voxelize, host vs kernels.
+  TAILN=30 step profile-particle 90 python scripts/debug/profile_particle_sum.py
+  TAILN=40 step profile-voxelize 90 python scripts/debug/profile_voxelize.py
+fi
+if want sass; then
+  # The SASS of the ball query's list kernel (float, D = 3), for reading its scan loop.
+  TAILN=1 step sass 60 cuobjdump -sass -fun _ZN8pointops9grid_cuda21ball_grid_tile_kernelIfLi3EEEvNS0_10SearchArgsIT_XT0_EEE \
+    "pointops/_C$suffix"
+fi
+if want routes; then
+  TAILN=3 step routes 120 python -m pytest tests/test_grid_search.py -q -p no:cacheprovider -k "routes"
+fi
+if want grid-tests; then
+  # Every CUDA test of the grid and neighbourhood files (knn, chamfer and ball paths over the grid).
+  TAILN=3 step grid-tests "${GRID_TESTS_S:-200}" python -m pytest tests/test_grid_search.py tests/test_neighbors.py -q \
+    -p no:cacheprovider -k "cuda and not compile" -x
 fi

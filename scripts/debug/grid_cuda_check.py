@@ -567,7 +567,8 @@ def host_us(fn, calls=20):
 def run_ball(g=None):
     """ball_query on the grid: the issue's case under torch.profiler (time per kernel), the cell
     edge in radii (POINTOPS_GRID_BALL_CELL; TUNE_EDGES), then grid vs brute over radii and sizes
-    (the data of ball_grid_pays_cuda), every result checked against brute force."""
+    (the data of ball_grid_pays_cuda), every result checked against brute force. BALL_ROW_ONLY=1 stops
+    after the issue's row."""
     if g is None:
         print("== ball", torch.cuda.get_device_name(), "torch", torch.__version__)
         g = torch.Generator(device=DEV).manual_seed(3)
@@ -589,6 +590,8 @@ def run_ball(g=None):
             row("  the same, POINTOPS_GRID_BALL_TILES=0 (warp per query)", timed(call, repeat=50), None, None,
                 verify(call()[:2], want))
     print(f"host us per call (GPU busy): grid {host_us(call):.1f}, brute {host_us(brute):.1f}", flush=True)
+    if os.environ.get("BALL_ROW_ONLY") == "1":  # the issue's row alone (a short device step)
+        return
     for edge in [float(v) for v in os.environ.get("TUNE_EDGES", "0.5,0.7,1.0,1.4,2.0").split(",")]:
         os.environ["POINTOPS_GRID_BALL_CELL"] = str(edge)
         ok = verify(ops.ball_query(p1, p2, K=64, radius=0.1, algorithm="grid")[:2], want)
