@@ -368,6 +368,48 @@ def test_ball_query_grid_lists_by_default_rule(monkeypatch):
 
 
 @requires_cuda
+def test_ball_query_grid_routes(monkeypatch, capfd):
+    """Which CUDA path the ball queries take (POINTOPS_GRID_BALL_DEBUG=1 prints how many went to the
+    shared lists' work list), so that a change sending every group to the work list fails here.
+    Uniform: 2 x 40000 queries, 16384 references, cells of edge r = 0.1 (~40 queries and ~16
+    references a cell): a list averages ~442 candidates (27 cells), over 480 in ~4% of the groups
+    (a Poisson tail), and the groups of < 4 are warps' edge fragments, ~2% of the queries; so at
+    most a quarter of the queries to the work list is a loose bound. Crowded: every reference in a
+    cube of edge 0.05 (one cell), so every list is over 480 and every query goes to the work list.
+    Sparse: about one query per cell, mostly groups of < 4. All still equal brute force."""
+    monkeypatch.delenv("POINTOPS_GRID_BALL_TILES", raising=False)
+    monkeypatch.setenv("POINTOPS_GRID_BALL_DEBUG", "1")
+    g = torch.Generator().manual_seed(73)
+    uniform_q, refs = torch.rand(2, 40000, 3, generator=g).cuda(), torch.rand(2, 16384, 3, generator=g).cuda()
+    crowded = (0.5 + 0.05 * torch.rand(2, 16384, 3, generator=g)).cuda()
+    near_crowd = (0.45 + 0.15 * torch.rand(2, 40000, 3, generator=g)).cuda()
+
+    def routed(p1, p2, K, radius):
+        capfd.readouterr()
+        pointops.ball_query(p1, p2, K=K, radius=radius, algorithm="grid")
+        torch.cuda.synchronize()
+        lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("grid ball:")]
+        assert len(lines) == 1, lines
+        queries, listed = (int(w) for w in lines[0].replace(",", "").split() if w.isdigit())
+        assert queries == p1.shape[0] * p1.shape[1]
+        both(lambda a: pointops.ball_query(p1, p2, K=K, radius=radius, algorithm=a)[:2])
+        return listed / queries
+
+    assert routed(uniform_q, refs, 64, 0.1) < 0.25
+    assert routed(near_crowd, crowded, 64, 0.1) == 1.0
+    # 64 clouds of 1024 queries (65536 in all) and 16384 references: ~1 query per cell of edge 0.1,
+    # so only ~8% of the queries are in groups of >= 4 (Poisson(1), size-biased: P(X >= 3))
+    sparse_q = torch.rand(64, 1024, 3, generator=g).cuda()
+    sparse_refs = torch.rand(64, 16384, 3, generator=g).cuda()
+    assert routed(sparse_q, sparse_refs, 16, 0.1) > 0.75
+    monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", "0")  # the warp per query alone: no work list, no line
+    capfd.readouterr()
+    pointops.ball_query(uniform_q, refs, K=64, radius=0.1, algorithm="grid")
+    torch.cuda.synchronize()
+    assert "grid ball:" not in capfd.readouterr().err
+
+
+@requires_cuda
 @pytest.mark.parametrize("target", ["0", "8", "96", "1000"])
 def test_crowding_refinement_cuda(target, monkeypatch):
     """The CUDA grid's crowding refinement (POINTOPS_GRID_CROWDING: 96 by default for K = 1, 0 turns

@@ -17,9 +17,9 @@
 //   2. clears the bitmap, and each lane sets the bits of its cell's run,
 //   3. reads the bitmap back (a popcount per lane, one warp scan) into the list of indices,
 //   4. gathers the candidates' coordinates into the bitmap's place (the list's coordinates),
-//   5. scans the list for each query of the group in index order, 32 at a time, writing the points
-//      inside the ball straight to their slots and stopping at the K-th: brute force's own loop and
-//      early exit, over the candidates only.
+//   5. scans the list for each query of the group in index order, 32 at a time, noting the points
+//      inside the ball in slot order and stopping at the K-th: brute force's own loop and early
+//      exit, over the candidates only; then writes the query's row.
 //
 // Exactness (grid.h's contract): every cell that can hold a point within the radius of a query lies
 // in that query's reach box (grid_cuda.cuh), hence in the union; every reference of those cells is
@@ -43,10 +43,12 @@
 namespace pointops {
 namespace grid_cuda {
 
-// A list of 480 float candidates in 3-D, with 16-bit indices, takes 6.7 KB per warp: 8 blocks of 4
-// warps per SM, so that issue 18's 8 x 16384 queries (4096 warps) run in one wave on an H100. Cells
-// of edge r in a uniform cloud of 16384 points hold ~442 candidates per cell's union box.
+// A list of 480 float candidates in 3-D, with 16-bit indices, and one query's hit positions take
+// 6,976 bytes per warp: 8 blocks of 4 warps (8 x 27,904 bytes plus 1 KB reserved per block, within an
+// H100 SM's 228 KB) at <= 64 registers, so that issue 18's 8 x 16384 queries (4096 warps) run in one
+// wave. Cells of edge r in a uniform cloud of 16384 points hold ~442 candidates per cell's union box.
 constexpr int kTileCapacity = 480;                    // candidates one group lists
+static_assert(kTileCapacity % 32 == 0, "stage_tile pads the list to a multiple of 32");
 constexpr int kTileMaxCells = 64;                     // cells of a group's union box
 constexpr int64_t kTileMaxRefs = 32768;               // references per cloud: the bitmap's bits
 constexpr int kTileBitmapWords = kTileMaxRefs / 32;  // 1024 words, 4 KB
@@ -57,7 +59,7 @@ constexpr int kTileMinGroup = 4;
 // warps (RESULTS: 4096 queries ran 0.168 ms against 0.104 with a warp per query).
 constexpr int64_t kTileMinQueries = 65536;
 
-// Warps per block (the staging area is 6.7 KB per warp for float D = 3, 12.5 KB for double).
+// Warps per block (the staging area is 6.8 KB per warp for float D = 3, 12.4 KB for double).
 template <typename acc_t>
 constexpr int ball_tile_warps() {
   return sizeof(acc_t) == 8 ? 2 : 4;
@@ -82,24 +84,12 @@ struct BallTileStage {
     acc_t c[D][kTileCapacity];          // steps 4-5: their coordinates, in index order
   };
   uint16_t idx[kTileCapacity];  // the candidates' indices (< kTileMaxRefs), ascending
+  uint16_t hits[kBallWarpMaxK];  // step 5: the list positions of one query's hits, in slot order
 };
 
-template <typename T>
-__device__ __forceinline__ T tile_warp_min(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-
-template <typename T>
-__device__ __forceinline__ T tile_warp_max(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-
 // Lists the candidates of the group whose union box is [lo, hi] (cloud b) in s, in index order:
-// returns their number, or -1 when the box or its points do not fit.
+// returns their number rounded up to a multiple of 32 (NaN coordinates after the last), or -1 when
+// the box or its points do not fit.
 template <typename acc_t, int D>
 __device__ int stage_tile(const SearchArgs<acc_t, D>& a, int64_t b, const int32_t (&lo)[3], const int32_t (&hi)[3],
                           BallTileStage<acc_t, D>& s) {
@@ -122,14 +112,11 @@ __device__ int stage_tile(const SearchArgs<acc_t, D>& a, int64_t b, const int32_
       find_cell(a.table, a.mask, cell_key<D>(g, b, k, a.log2_cells), &start[half], &end);
       len[half] = end - start[half];
     }
-    int32_t sum = len[half];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
-    total += sum;
+    total += warp_sum(len[half]);
   }
   if (total > kTileCapacity) return -1;
 
-  const int log2_w = tile_log2_words_per_lane(a.M);
+  const int log2_w = a.ball_tile_log2_words;
   const int words_per_lane = 1 << log2_w;
   for (int w = 0; w < words_per_lane; ++w) s.bitmap[w * 32 + lane] = 0u;
   __syncwarp();
@@ -170,38 +157,45 @@ __device__ int stage_tile(const SearchArgs<acc_t, D>& a, int64_t b, const int32_
 #pragma unroll
     for (int c = 0; c < D; ++c) s.c[c][j] = refs[i * D + c];
   }
+  // NaN up to a multiple of 32 (kTileCapacity is one): never inside the ball, so the scan's last
+  // 32 need no bounds test.
+  const int32_t padded = (total + 31) & ~31;
+  if (total + lane < padded) {
+#pragma unroll
+    for (int c = 0; c < D; ++c) s.c[c][total + lane] = std::numeric_limits<acc_t>::quiet_NaN();
+  }
   __syncwarp();
-  return total;
+  return padded;
 }
 
 // The queries at sorted positions [t0, t0 + 32), one per lane.
 template <typename acc_t, int D>
 __device__ void ball_search_tile(const SearchArgs<acc_t, D>& a, int64_t t0, BallTileStage<acc_t, D>& s) {
+  // Few values stay live across the groups (32-bit positions: B (M + N) < 2^31, check_grid_sizes;
+  // the reach box recomputed per group), so that the scan keeps its registers within the 64 that
+  // 8 blocks per SM allow.
   const int lane = threadIdx.x % 32;
-  const int64_t t = t0 + lane;
-  const bool active = t < a.B * a.N;
+  const bool active = t0 + lane < a.B * a.N;
   const int K = static_cast<int>(a.K);
-  int64_t e = 0, b = 0;
+  int32_t e = 0, b = 0;
   acc_t q[D];
 #pragma unroll
   for (int c = 0; c < D; ++c) q[c] = acc_t(0);
-  // The lane's cell (kEmptyKey: an empty row) and reach box.
+  // The lane's cell (kEmptyKey: an empty row).
   unsigned long long key = kEmptyKey;
-  int32_t lo[3] = {0, 0, 0}, hi[3] = {0, 0, 0};
   if (active) {
-    e = sorted_query(a, t);
-    b = e / a.N;
+    e = static_cast<int32_t>(sorted_query(a, t0 + lane));
+    b = static_cast<int32_t>(e / a.N);
     const int64_t i = e - b * a.N;
     const int64_t n_valid = a.lengths1 ? a.lengths1[b] : a.N;
     const GridParams& g = a.grids[b];
     if (i < n_valid) {
 #pragma unroll
-      for (int c = 0; c < D; ++c) q[c] = a.queries[e * D + c];
+      for (int c = 0; c < D; ++c) q[c] = a.queries[static_cast<int64_t>(e) * D + c];
       if (finite_point<acc_t, D>(q) && g.count > 0) {
         int32_t k[3];
         point_cell<acc_t, D>(g, q, k);
         key = cell_key<D>(g, b, k, a.log2_cells);
-        reach_box<acc_t, D>(g, q, reach_of<acc_t, Metric::kSquaredL2>(a.r2), lo, hi);
       }
     }
   }
@@ -209,11 +203,8 @@ __device__ void ball_search_tile(const SearchArgs<acc_t, D>& a, int64_t t0, Ball
   const unsigned empty_rows = __ballot_sync(kFullMask, active && key == kEmptyKey);
   const unsigned same_key = __match_any_sync(kFullMask, key);
   for (unsigned m = empty_rows; m; m &= m - 1) {
-    const int64_t row = __shfl_sync(kFullMask, e, __ffs(m) - 1) * a.K;
-    for (int k = lane; k < K; k += 32) {
-      a.dists[row + k] = acc_t(0);
-      a.idx[row + k] = -1;
-    }
+    const int64_t row = static_cast<int64_t>(__shfl_sync(kFullMask, e, __ffs(m) - 1)) * a.K;
+    fill_empty_slots(a.dists + row, a.idx + row, 0, K);
   }
   unsigned pending = active_lanes & ~empty_rows;
   while (pending) {
@@ -221,11 +212,16 @@ __device__ void ball_search_tile(const SearchArgs<acc_t, D>& a, int64_t t0, Ball
     const unsigned group = __shfl_sync(kFullMask, same_key, leader) & pending;
     pending &= ~group;
     const bool mine = (group >> lane) & 1u;
-    int32_t box_lo[3], box_hi[3];
+    // The union of the members' reach boxes.
+    int32_t box_lo[3] = {std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::max(),
+                         std::numeric_limits<int32_t>::max()};
+    int32_t box_hi[3] = {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::min(),
+                         std::numeric_limits<int32_t>::min()};
+    if (mine) reach_box<acc_t, D>(a.grids[b], q, reach_of<acc_t, Metric::kSquaredL2>(a.r2), box_lo, box_hi);
 #pragma unroll
     for (int c = 0; c < 3; ++c) {
-      box_lo[c] = tile_warp_min(mine ? lo[c] : std::numeric_limits<int32_t>::max());
-      box_hi[c] = tile_warp_max(mine ? hi[c] : std::numeric_limits<int32_t>::min());
+      box_lo[c] = warp_min(box_lo[c]);
+      box_hi[c] = warp_max(box_hi[c]);
     }
     const int n = __popc(group) < a.ball_min_group
                       ? -1
@@ -234,7 +230,7 @@ __device__ void ball_search_tile(const SearchArgs<acc_t, D>& a, int64_t t0, Ball
       uint32_t base = 0;
       if (lane == leader) base = atomicAdd(a.ball_list_count, static_cast<uint32_t>(__popc(group))) + 1u;
       base = __shfl_sync(kFullMask, base, leader);  // the counter holds count - 1 (cleared to all-ones)
-      if (mine) a.ball_list[base + __popc(group & ((1u << lane) - 1u))] = static_cast<int32_t>(t);
+      if (mine) a.ball_list[base + __popc(group & ((1u << lane) - 1u))] = static_cast<int32_t>(t0 + lane);
       continue;
     }
     for (unsigned m = group; m; m &= m - 1) {
@@ -242,31 +238,27 @@ __device__ void ball_search_tile(const SearchArgs<acc_t, D>& a, int64_t t0, Ball
       acc_t qm[D];
 #pragma unroll
       for (int c = 0; c < D; ++c) qm[c] = __shfl_sync(kFullMask, q[c], member);
-      const int64_t row = __shfl_sync(kFullMask, e, member) * a.K;
-      int found = 0;
-      for (int j0 = 0; j0 < n && found < K; j0 += 32) {
-        const int j = j0 + lane;
-        bool hit = false;
-        acc_t d = acc_t(0);
-        if (j < n) {
-          acc_t p[D];
+      const auto load = [&](int j, acc_t(&p)[D]) {
 #pragma unroll
-          for (int c = 0; c < D; ++c) p[c] = s.c[c][j];
-          d = point_distance<D, Metric::kSquaredL2>(qm, p);
-          hit = d < a.r2;
-        }
-        const unsigned hits = __ballot_sync(kFullMask, hit);
-        const int slot = found + __popc(hits & ((1u << lane) - 1u));
-        if (hit && slot < K) {
-          a.dists[row + slot] = d;
-          a.idx[row + slot] = static_cast<int64_t>(s.idx[j]);
-        }
-        found = min(K, found + __popc(hits));
+        for (int c = 0; c < D; ++c) p[c] = s.c[c][j];
+      };
+      // The hits' list positions go to shared memory (a few instructions in the scan's divergent
+      // branch); the row is then written 32 slots at a time, each distance recomputed by the same
+      // point_distance on the same values (bitwise the scan's).
+      const int found = scan_in_index_order<acc_t, D>(qm, a.r2, n, K, load, [&](int slot, int j, acc_t) {
+        s.hits[slot] = static_cast<uint16_t>(j);
+      });
+      __syncwarp();
+      const int64_t row = static_cast<int64_t>(__shfl_sync(kFullMask, e, member)) * a.K;
+      for (int k = lane; k < found; k += 32) {
+        const int j = s.hits[k];
+        acc_t p[D];
+        load(j, p);
+        a.dists[row + k] = point_distance<D, Metric::kSquaredL2>(qm, p);
+        a.idx[row + k] = static_cast<int64_t>(s.idx[j]);
       }
-      for (int k = found + lane; k < K; k += 32) {
-        a.dists[row + k] = acc_t(0);
-        a.idx[row + k] = -1;
-      }
+      fill_empty_slots(a.dists + row, a.idx + row, found, K);
+      __syncwarp();  // the hits are read before the next member's scan writes them
     }
     __syncwarp();  // every lane is done with the list before the next group clears the bitmap
   }

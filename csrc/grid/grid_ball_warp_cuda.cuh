@@ -52,6 +52,64 @@ constexpr int64_t kWindowCandidates = 8;
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// Butterfly reductions over the warp: every lane gets the result.
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_all_reduce(T v, Op op) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+  return warp_all_reduce(v, [](T x, T y) { return x + y; });
+}
+template <typename T>
+__device__ __forceinline__ T warp_min(T v) {
+  return warp_all_reduce(v, [](T x, T y) { return min(x, y); });
+}
+template <typename T>
+__device__ __forceinline__ T warp_max(T v) {
+  return warp_all_reduce(v, [](T x, T y) { return max(x, y); });
+}
+
+// Slots [from, K) of an output row: no neighbour (distance 0, index -1), as brute force writes them.
+template <typename acc_t>
+__device__ __forceinline__ void fill_empty_slots(acc_t* out_dist, int64_t* out_idx, int from, int K) {
+  for (int k = from + static_cast<int>(threadIdx.x % 32); k < K; k += 32) {
+    out_dist[k] = acc_t(0);
+    out_idx[k] = -1;
+  }
+}
+
+// Brute force's loop over candidates in index order, 32 at a time (one per lane): those inside the
+// ball (point_distance < r2) take the next of the row's first K slots, and the loop ends at the
+// K-th. Used by the warp per query's fallback (the whole cloud) and by the shared lists
+// (grid_ball_tile_cuda.cuh). load(j, p) reads candidate j's coordinates into p; a candidate past the
+// end must read as NaN, which is never inside, so that the loop needs no bounds test.
+// take(slot, j, d) receives each hit that gets a slot (slot < K). Returns the number of slots taken.
+template <typename acc_t, int D, typename J, typename Load, typename Take>
+__device__ __forceinline__ int scan_in_index_order(const acc_t (&q)[D], acc_t r2, J count, int K, Load load,
+                                                   Take take) {
+  const int lane = threadIdx.x % 32;
+  const unsigned below = (1u << lane) - 1u;
+  int found = 0;
+  for (J j0 = 0; j0 < count; j0 += 32) {
+    const J j = j0 + lane;
+    acc_t p[D];
+    load(j, p);
+    const acc_t d = point_distance<D, Metric::kSquaredL2>(q, p);
+    const bool hit = d < r2;
+    const unsigned hits = __ballot_sync(kFullMask, hit);
+    if (hit) {
+      const int slot = found + __popc(hits & below);
+      if (slot < K) take(slot, j, d);
+    }
+    found += __popc(hits);
+    if (found >= K) return K;
+  }
+  return found;
+}
+
 // Cuts the warp's buffer (count entries, distinct indices) to its min(count, K) smallest indices,
 // sorted, at the front; returns the new count and sets `limit` to the K-th smallest when there are
 // K. R entries per lane at most (count <= 32 R).
@@ -128,43 +186,28 @@ __device__ void ball_search_query_warp(const SearchArgs<acc_t, D>& a, int64_t t,
         }
       }
     };
-    auto warp_sum = [](int64_t v) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-      return v;
-    };
-
     int32_t start, len;
     look_up(0, start, len);
-    int64_t candidates = warp_sum(len);
+    int64_t candidates = warp_sum<int64_t>(len);
     for (int64_t base = 32; base < n_cells; base += 32) {
       int32_t s2, l2;
       look_up(base, s2, l2);
-      candidates += warp_sum(l2);
+      candidates += warp_sum<int64_t>(l2);
     }
 
     if (4 * candidates > m_valid) {
       // Brute force's scan in index order, with its early exit at the K-th point inside.
       const acc_t* refs = a.refs + b * a.M * D;
-      for (int64_t base = 0; base < m_valid && found < K; base += 32) {
-        const int64_t j = base + lane;
-        bool hit = false;
-        acc_t d = acc_t(0);
-        if (j < m_valid) {
-          acc_t p[D];
+      found = scan_in_index_order<acc_t, D>(
+          q, a.r2, m_valid, K,
+          [&](int64_t j, acc_t(&p)[D]) {
 #pragma unroll
-          for (int c = 0; c < D; ++c) p[c] = refs[j * D + c];
-          d = point_distance<D, Metric::kSquaredL2>(q, p);
-          hit = d < a.r2;
-        }
-        const unsigned mask = __ballot_sync(kFullMask, hit);
-        const int slot = found + __popc(mask & ((1u << lane) - 1u));
-        if (hit && slot < K) {
-          out_dist[slot] = d;
-          out_idx[slot] = j;
-        }
-        found = min(K, found + __popc(mask));
-      }
+            for (int c = 0; c < D; ++c) p[c] = j < m_valid ? refs[j * D + c] : std::numeric_limits<acc_t>::quiet_NaN();
+          },
+          [&](int slot, int64_t j, acc_t d) {
+            out_dist[slot] = d;
+            out_idx[slot] = j;
+          });
     } else {
       int count = 0;
       int32_t limit = std::numeric_limits<int32_t>::max();
@@ -266,10 +309,7 @@ __device__ void ball_search_query_warp(const SearchArgs<acc_t, D>& a, int64_t t,
       found = min(count, K);
     }
   }
-  for (int k = found + lane; k < K; k += 32) {
-    out_dist[k] = acc_t(0);
-    out_idx[k] = -1;
-  }
+  fill_empty_slots(out_dist, out_idx, found, K);
 }
 
 template <typename acc_t, int D, int R>

@@ -398,6 +398,7 @@ struct SearchArgs {
   uint32_t* ball_list_count;   // ball query, grid_ball_tile_cuda.cuh: the work list's length - 1
   int32_t* ball_list;          // (B N) sorted query positions left to the warp per query
   int ball_min_group;          // the smallest group of queries that shares a list
+  int ball_tile_log2_words;    // log2 of the bitmap's words per lane (tile_log2_words_per_lane(M))
   acc_t* dists;                // (B, N, K)
   int64_t* idx;                // (B, N, K)
 };

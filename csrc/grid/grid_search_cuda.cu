@@ -31,7 +31,8 @@
 //            per 32 sorted queries (grid_ball_tile_cuda.cuh): the queries of a cell share one
 //            candidate list, the runs of their cells put in index order through a bitmap of the
 //            cloud's indices, which each scans in index order up to its K-th point inside (brute
-//            force's loop over the candidates only); groups of < 4 queries, over 64 cells or over
+//            force's loop over the candidates only, scan_in_index_order, noting the hits' positions
+//            in shared memory, then writing the row); groups of < 4 queries, over 64 cells or over
 //            480 candidates go to a work list for:
 //            K <= 128: one warp per query (grid_ball_warp_cuda.cuh): the lanes look up the cells
 //            within the radius together, stride over their runs, append the points inside to a
@@ -52,7 +53,8 @@
 //
 // Debugging: POINTOPS_GRID_POINTS_PER_CELL overrides the cell-size rule's points per cell (knn),
 // POINTOPS_GRID_BALL_CELL the ball query's smallest cell edge in radii, POINTOPS_GRID_BALL_TILES its
-// shared lists (0: off; n > 0: on at any size, for groups of >= n queries), POINTOPS_GRID_CROWDING the
+// shared lists (0: off; n > 0: on at any size, for groups of >= n queries), POINTOPS_GRID_BALL_DEBUG=1
+// prints how many queries the lists left to their work list (a host sync), POINTOPS_GRID_CROWDING the
 // crowding refinement's target (0: off); POINTOPS_GRID_NEAREST_MIN_REFS / _MIN_PAIRS the K = 1
 // thresholds of grid_pays_cuda; POINTOPS_GRID_PROBE_SCALE / _CHAIN / _LIST_FACTOR / _DEBUG the
 // far-query probe's (grid_probe_kernel);
@@ -571,6 +573,29 @@ inline int log2_cells_for(int64_t M) {
   return bit_width(cells - 1);  // ceil(log2(cells))
 }
 
+// The temporary storage of build_grid's radix sort. cub's size query runs its host-side dispatch on
+// every call; the size depends only on the item count, the key bits and the device, so the last
+// answer is kept (per thread: a training loop repeats one shape).
+size_t radix_sort_bytes(int64_t total, int end_bit, cudaStream_t stream) {
+  struct Query {
+    int64_t total = -1;
+    int end_bit = -1;
+    int device = -1;
+    size_t bytes = 0;
+  };
+  thread_local Query last;
+  const int device = c10::cuda::current_device();
+  if (last.total != total || last.end_bit != end_bit || last.device != device) {
+    size_t bytes = 0;
+    cub::DoubleBuffer<uint64_t> keys(nullptr, nullptr);
+    cub::DoubleBuffer<int32_t> values(nullptr, nullptr);
+    C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys, values, static_cast<int>(total), 0, end_bit,
+                                                   stream));
+    last = Query{total, end_bit, device, bytes};
+  }
+  return last.bytes;
+}
+
 // The grid of the reference clouds r (B, M, D) and the cell order of the queries q (B, N, D).
 template <typename acc_t, int D>
 struct GridBuild {
@@ -610,13 +635,7 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   TORCH_CHECK(B * blocks_per_cloud <= std::numeric_limits<int32_t>::max(), "algorithm='grid': too many clouds (",
               B, ")");
 
-  size_t sort_bytes = 0;
-  {
-    cub::DoubleBuffer<uint64_t> keys(nullptr, nullptr);
-    cub::DoubleBuffer<int32_t> values(nullptr, nullptr);
-    C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, values, static_cast<int>(total), 0,
-                                                   end_bit, stream));
-  }
+  size_t sort_bytes = radix_sort_bytes(total, end_bit, stream);  // SortPairs takes it by reference
   int64_t offset = 0;
   const auto carve = [&offset](int64_t bytes) {
     const int64_t at = offset;
@@ -859,6 +878,18 @@ void launch_ball_warp_search(const SearchArgs<acc_t, D>& a) {
   launch_ball_warps(ball_grid_warp_kernel<acc_t, D, R>, a);
 }
 
+// POINTOPS_GRID_BALL_DEBUG=1 (debugging, tests; a host sync per call): how many queries the shared
+// lists left to their work list.
+template <typename acc_t, int D>
+void print_ball_routes(const SearchArgs<acc_t, D>& a) {
+  uint32_t count_minus_one = 0;
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(cudaMemcpyAsync(&count_minus_one, a.ball_list_count, 4, cudaMemcpyDeviceToHost, stream));
+  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::fprintf(stderr, "grid ball: %lld queries, %u to the work list\n", static_cast<long long>(a.B * a.N),
+               count_minus_one + 1u);
+}
+
 // K <= 128: a warp per query (behind the shared lists); larger K: a thread per query, passes of 64.
 template <typename acc_t, int D>
 void launch_ball(const SearchArgs<acc_t, D>& a) {
@@ -1019,7 +1050,9 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, co
         auto a = make_search_args<acc_t, D>(q, r, lengths1, lengths2, K, build, dists, idx);
         a.r2 = squared_radius<acc_t>(radius);
         a.ball_min_group = tiles_override > 0 ? static_cast<int>(std::min(tiles_override, 32.0)) : kTileMinGroup;
+        a.ball_tile_log2_words = tile_log2_words_per_lane(r.size(1));
         launch_ball<acc_t, D>(a);
+        if (tiles && env_override("POINTOPS_GRID_BALL_DEBUG", 0.0, false) > 0) print_ball_routes(a);
       }
     });
   });
