@@ -68,7 +68,7 @@ constexpr int ball_tile_warps() {
 // Words of the bitmap per lane: a power of two, so that a word's lane and slot are shifts. Lane L
 // owns the index range [32 W L, 32 W (L + 1)); its w-th word is stored at w * 32 + L, so the lanes'
 // passes over their words hit 32 different banks.
-POINTOPS_GRID_HD int tile_log2_words_per_lane(int64_t M) {
+inline int tile_log2_words_per_lane(int64_t M) {  // host: SearchArgs::ball_tile_log2_words
   const int64_t words = (M + 31) / 32;
   int log2 = 0;
   while ((int64_t{32} << log2) < words) ++log2;
@@ -134,13 +134,7 @@ __device__ int stage_tile(const SearchArgs<acc_t, D>& a, int64_t b, const int32_
   // Read back: this lane's indices follow those of the lanes below it.
   int32_t mine = 0;
   for (int w = 0; w < words_per_lane; ++w) mine += __popc(s.bitmap[w * 32 + lane]);
-  int32_t pos = mine;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int32_t v = __shfl_up_sync(kFullMask, pos, o);
-    if (lane >= o) pos += v;
-  }
-  pos -= mine;
+  int32_t pos = warp_inclusive_sum(mine) - mine;
   for (int w = 0; w < words_per_lane; ++w) {
     uint32_t bits = s.bitmap[w * 32 + lane];
     const int32_t base = ((lane << log2_w) + w) << 5;
@@ -212,20 +206,21 @@ __device__ void ball_search_tile(const SearchArgs<acc_t, D>& a, int64_t t0, Ball
     const unsigned group = __shfl_sync(kFullMask, same_key, leader) & pending;
     pending &= ~group;
     const bool mine = (group >> lane) & 1u;
-    // The union of the members' reach boxes.
-    int32_t box_lo[3] = {std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::max(),
-                         std::numeric_limits<int32_t>::max()};
-    int32_t box_hi[3] = {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::min(),
-                         std::numeric_limits<int32_t>::min()};
-    if (mine) reach_box<acc_t, D>(a.grids[b], q, reach_of<acc_t, Metric::kSquaredL2>(a.r2), box_lo, box_hi);
+    int n = -1;
+    if (__popc(group) >= a.ball_min_group) {  // the same in every lane: the collectives below are safe
+      // The union of the members' reach boxes.
+      int32_t box_lo[3] = {std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::max(),
+                           std::numeric_limits<int32_t>::max()};
+      int32_t box_hi[3] = {std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::min(),
+                           std::numeric_limits<int32_t>::min()};
+      if (mine) reach_box<acc_t, D>(a.grids[b], q, reach_of<acc_t, Metric::kSquaredL2>(a.r2), box_lo, box_hi);
 #pragma unroll
-    for (int c = 0; c < 3; ++c) {
-      box_lo[c] = warp_min(box_lo[c]);
-      box_hi[c] = warp_max(box_hi[c]);
+      for (int c = 0; c < 3; ++c) {
+        box_lo[c] = warp_min(box_lo[c]);
+        box_hi[c] = warp_max(box_hi[c]);
+      }
+      n = stage_tile<acc_t, D>(a, __shfl_sync(kFullMask, b, leader), box_lo, box_hi, s);
     }
-    const int n = __popc(group) < a.ball_min_group
-                      ? -1
-                      : stage_tile<acc_t, D>(a, __shfl_sync(kFullMask, b, leader), box_lo, box_hi, s);
     if (n < 0) {  // to the work list of the warp per query
       uint32_t base = 0;
       if (lane == leader) base = atomicAdd(a.ball_list_count, static_cast<uint32_t>(__popc(group))) + 1u;

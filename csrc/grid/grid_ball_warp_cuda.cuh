@@ -71,6 +71,17 @@ template <typename T>
 __device__ __forceinline__ T warp_max(T v) {
   return warp_all_reduce(v, [](T x, T y) { return max(x, y); });
 }
+// The sum of v over this lane and the lanes below it.
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T v) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T below = __shfl_up_sync(kFullMask, v, o);
+    if (lane >= o) v += below;
+  }
+  return v;
+}
 
 // Slots [from, K) of an output row: no neighbour (distance 0, index -1), as brute force writes them.
 template <typename acc_t>
@@ -214,12 +225,7 @@ __device__ void ball_search_query_warp(const SearchArgs<acc_t, D>& a, int64_t t,
       // Runs [start, start + len) of the lanes' cells: their candidates, laid end to end by a warp
       // scan, are tested 32 at a time; hits are appended to the buffer.
       auto scan_runs = [&](int32_t start, int32_t len) {
-        int32_t incl = len;  // inclusive scan of the run lengths over the lanes
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const int32_t v = __shfl_up_sync(kFullMask, incl, o);
-          if (lane >= o) incl += v;
-        }
+        const int32_t incl = warp_inclusive_sum(len);
         const int32_t total = __shfl_sync(kFullMask, incl, 31);
         const int32_t excl = incl - len;
         for (int32_t j0 = 0; j0 < total; j0 += 32) {
