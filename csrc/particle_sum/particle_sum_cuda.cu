@@ -55,9 +55,10 @@ void run_particle_sum(const ParticleSumProblem& p, const ParticleSumOperands& op
   const int largest = moments ? 2
                       : (generic || sizeof(T) == 8) ? 4
                       : p.kernel == ParticleKernel::Helmholtz ? 8 : 16;
-  // The one-target-per-thread D = 3 variant: for few targets (with the sources split across blocks),
-  // and for targets up to kUnsplitTargetsPerSm per SM when the sources are too few to split
-  // (N < 2 kMinSplit), where the several-targets-per-thread variant would leave the SMs half idle.
+  // The one- or two-targets-per-thread D = 3 variants (launch_d3_few): for few targets (with the
+  // sources split across blocks), and for targets up to kUnsplitTargetsPerSm per SM when the sources
+  // are too few to split (N < 2 kMinSplit), where the eight-targets-per-thread variant would leave
+  // the SMs half idle.
   const int64_t sms = multiprocessor_count();
   const bool few_targets =
       B * M < sms * kThreads * 2 || (p.N < 2 * kMinSplit && B * M < sms * kUnsplitTargetsPerSm);

@@ -4,6 +4,8 @@
 // its own nvcc process.
 #pragma once
 
+#include <cstdlib>
+
 #include "particle_sum/particle_sum_cuda.cuh"
 
 namespace pointops {
@@ -15,12 +17,32 @@ void launch_d3_variant(const LaunchArgs<T>& args, const at::TensorOptions& devic
                  stream);
 }
 
+// Few targets: one per thread while they fit one wave of resident blocks, else two per thread,
+// which share each source read from shared memory and take half the blocks. The seed's 480,000
+// targets x 50 sources on an H100 (benchmarks/RESULTS.md, issue 19): 3,750 one-target blocks (1.8
+// waves) 14.5 us, 1,875 two-target blocks (1.6 waves: 56 registers, 9 blocks per SM) 13.4 us.
+// POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD=1 or 2 (debugging, read once per process) forces either.
+template <ParticleKernel K, typename T, int R, bool MOM>
+void launch_d3_few(const LaunchArgs<T>& args, const at::TensorOptions& device, cudaStream_t stream) {
+  static const int forced = [] {
+    const char* text = std::getenv("POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD");
+    return text == nullptr ? 0 : std::atoi(text);
+  }();
+  const auto one = particle_sum_d3_kernel<K, T, R, 1, MOM>;
+  const int64_t wave = static_cast<int64_t>(multiprocessor_count()) *
+                       resident_blocks(reinterpret_cast<const void*>(one), kThreads, 0) * kThreads;
+  if (forced == 2 || (forced != 1 && args.B * args.M > wave)) {
+    return launch_d3_variant<K, T, R, 2, MOM>(args, device, stream);
+  }
+  launch_d3_variant<K, T, R, 1, MOM>(args, device, stream);
+}
+
 template <ParticleKernel K, typename T, int R, bool MOM>
 void launch_d3_columns(const LaunchArgs<T>& args, bool few_targets, const at::TensorOptions& device,
                        cudaStream_t stream) {
   constexpr int Q = targets_per_thread<T, K, R, MOM>();
-  if constexpr (Q > 1 && !MOM && R <= 2) {
-    if (few_targets) return launch_d3_variant<K, T, R, 1, MOM>(args, device, stream);
+  if constexpr (Q > 2 && !MOM && R <= 2) {
+    if (few_targets) return launch_d3_few<K, T, R, MOM>(args, device, stream);
   }
   launch_d3_variant<K, T, R, Q, MOM>(args, device, stream);
 }
