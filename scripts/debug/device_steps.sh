@@ -29,7 +29,9 @@
 #   step                scripts/debug/chamfer_step_probe.py (the Chamfer training step)
 #   overhead            benchmarks/bench_overhead.py --device cuda
 #   ncu-source          ncu source counters (per CUDA line and SASS instruction) of the ball list kernel
-#   profile-19          profile_particle_sum.py and profile_voxelize.py (issue 19's small calls)
+#   profile-19          profile_particle_sum.py (also with each few-targets variant forced) and
+#                       profile_voxelize.py (issue 19's small calls)
+#   ncu-particle        ncu on one launch of the particle seed case's kernel
 #   sass                cuobjdump -sass of the ball list kernel (float, D = 3)
 #   routes              test_ball_query_grid_routes (which path the ball queries take)
 #   grid-tests          the CUDA tests of test_grid_search.py and test_neighbors.py (GRID_TESTS_S)
@@ -199,7 +201,19 @@ fi
 if want profile-19; then
   # Issue 19's small GPU calls: the particle seed case and nuScenes voxelize, host vs kernels.
   TAILN=30 step profile-particle 90 python scripts/debug/profile_particle_sum.py
+  # the few-targets variants forced (one and two targets per thread), each in its own process
+  for q in 1 2; do
+    TAILN=1 step "profile-particle-q$q" 60 env POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD=$q \
+      python scripts/debug/profile_particle_sum.py
+    grep "^seed" "$OUT/logs/profile-particle-q$q.log"
+  done
   TAILN=40 step profile-voxelize 90 python scripts/debug/profile_voxelize.py
+fi
+if want ncu-particle; then
+  # One launch of the seed case's kernel (480,000 targets x 50 sources): throughput, occupancy, stalls.
+  TAILN=80 step ncu-particle 120 ncu --kernel-name regex:particle_sum_d3 --launch-skip 3 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+    --section WarpStateStats python scripts/debug/profile_particle_sum.py seed
 fi
 if want sass; then
   # The SASS of the ball query's list kernel (float, D = 3), for reading its scan loop.

@@ -590,6 +590,14 @@ def run_ball(g=None):
             row("  the same, POINTOPS_GRID_BALL_TILES=0 (warp per query)", timed(call, repeat=50), None, None,
                 verify(call()[:2], want))
     print(f"host us per call (GPU busy): grid {host_us(call):.1f}, brute {host_us(brute):.1f}", flush=True)
+    # Where the host's time goes: the CUDA runtime calls (launches, memsets, queries) against the
+    # rest, self CPU time over 20 calls with the GPU kept busy (the calls only enqueue).
+    torch.cuda._sleep(int(2e8))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            call()
+    torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=16), flush=True)
     if os.environ.get("BALL_ROW_ONLY") == "1":  # the row alone (a short device step)
         return
     for edge in [float(v) for v in os.environ.get("TUNE_EDGES", "0.5,0.7,1.0,1.4,2.0").split(",")]:

@@ -5,13 +5,18 @@ few targets), the kernels behind each case (torch.profiler), and one launch of e
     ncu --clock-control none --launch-skip 3 --launch-count 1 -k regex:particle_sum_d3 \\
         --section SchedulerStats --section WarpStateStats python scripts/debug/profile_particle_sum.py gaussian
 """
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import pointops
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from common import time_ms  # noqa: E402  (benchmarks/common.py)
 
 
 def inputs(M, N, C=None, complex_weights=False, seed=0):
@@ -65,7 +70,10 @@ if __name__ == "__main__":
     for name in ("seed", "few"):
         fn = call(name)
         host, wall = host_and_wall(fn)
-        print(f"{name}: host enqueue {host:.1f} us/call, wall {wall:.1f} us/call")
+        single = time_ms(fn, warmup=20, repeat=400, cuda=True)
+        print(f"{name}: host enqueue {host:.1f} us/call, wall {wall:.1f} us/call back to back, one call "
+              f"{single * 1e3:.1f} us (CUDA events, median of 400; POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD="
+              f"{os.environ.get('POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD', 'unset')})")
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(20):
                 fn()
