@@ -132,20 +132,21 @@ def test_many_targets(device, kernel):
 
 @requires_cuda
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("C", [None, 2])
-def test_few_sources_two_targets_per_thread(kernel, C):
-    """Few sources (no split) and more targets than one wave of one-target blocks holds (> 2048
+@pytest.mark.parametrize("C,complex_weights", [(None, False), (2, False), (None, True)])
+def test_few_sources_two_targets_per_thread(kernel, C, complex_weights):
+    """Sources that fit one tile and more targets than one wave of one-target blocks holds (> 2048
     threads per SM on any GPU) but fewer than 4096 per SM of a 132-SM H100: the two-targets-per-thread
-    variant there. Target counts that are not multiples of a block's 256, two clouds, and 50 sources:
-    a partial block of 64, the unrolled remainder. Elsewhere the same sizes take another variant and
-    are checked all the same."""
+    variant there (complex weights: its other epilogue). 50 sources: a partial block of 64, the
+    unrolled remainder. Two clouds of a target count that is not a multiple of a block's 256; the
+    checked targets include each cloud's first and last 300 (a write past the first cloud's end would
+    land on the second's first targets; memcheck sees one past the last cloud's). Elsewhere the same
+    sizes take another variant and are checked all the same."""
     B, M = 2, 240_007
-    x, y, w = make_inputs(M, 50, C=C, B=B, device="cuda", seed=5)
+    x, y, w = make_inputs(M, 50, C=C, complex_weights=complex_weights, B=B, device="cuda", seed=5)
     out = pointops.particle_sum(x, y, w, kernel, **PARAMS[kernel])
-    idx = torch.cat([torch.randperm(M, generator=torch.Generator().manual_seed(1))[:1000],
-                     torch.arange(M - 300, M)])  # the last block's targets, past-the-end clamps included
-    got = out[:, idx.cuda()]
-    assert rel_l2(got, oracle(x[:, idx.cuda()], y, w, kernel)) <= tolerance(torch.float32, kernel)
+    idx = torch.cat([torch.arange(300), torch.randperm(M, generator=torch.Generator().manual_seed(1))[:1000],
+                     torch.arange(M - 300, M)]).cuda()
+    assert rel_l2(out[:, idx], oracle(x[:, idx], y, w, kernel)) <= tolerance(torch.float32, kernel)
 
 
 @pytest.mark.parametrize("device", DEVICES)

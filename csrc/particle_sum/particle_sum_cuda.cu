@@ -12,10 +12,12 @@ namespace pointops {
 namespace particle_sum_cuda {
 namespace {
 
-// Up to this many targets per SM, sources that cannot be split go one target per thread. Measured
-// on an H200 (132 SMs; scripts/debug/particle_q_sweep.py, ms per call): 100,000 x 1,000 0.084 ->
-// 0.055, 480,000 x 500 0.121 -> 0.112, 480,000 x 1,500 0.331 -> 0.297; 50 sources unchanged (the
-// seed case is host-bound), 1-2 million targets x 50 slower that way (0.037 -> 0.046), hence a bound.
+// Up to this many targets per SM, sources that cannot be split go one target per thread (two when
+// they fit one tile and the targets exceed a wave: launch_d3_few). Measured on an H200 (132 SMs;
+// scripts/debug/particle_q_sweep.py, ms per call, eight targets per thread -> one): 100,000 x 1,000
+// 0.084 -> 0.055, 480,000 x 500 0.121 -> 0.112, 480,000 x 1,500 0.331 -> 0.297; 50 sources unchanged
+// (the seed case is host-bound), 1-2 million targets x 50 slower that way (0.037 -> 0.046), hence a
+// bound.
 constexpr int64_t kUnsplitTargetsPerSm = 4096;
 
 template <typename T>
@@ -55,10 +57,10 @@ void run_particle_sum(const ParticleSumProblem& p, const ParticleSumOperands& op
   const int largest = moments ? 2
                       : (generic || sizeof(T) == 8) ? 4
                       : p.kernel == ParticleKernel::Helmholtz ? 8 : 16;
-  // The one- or two-targets-per-thread D = 3 variants (launch_d3_few): for few targets (with the
-  // sources split across blocks), and for targets up to kUnsplitTargetsPerSm per SM when the sources
-  // are too few to split (N < 2 kMinSplit), where the eight-targets-per-thread variant would leave
-  // the SMs half idle.
+  // The one- or two-targets-per-thread D = 3 variants (launch_d3_few; where compiled: float, no
+  // moments, R <= 2) for few targets (with the sources split across blocks), and for targets up to
+  // kUnsplitTargetsPerSm per SM when the sources are too few to split (N < 2 kMinSplit), where the
+  // eight-targets-per-thread variant would leave the SMs half idle.
   const int64_t sms = multiprocessor_count();
   const bool few_targets =
       B * M < sms * kThreads * 2 || (p.N < 2 * kMinSplit && B * M < sms * kUnsplitTargetsPerSm);

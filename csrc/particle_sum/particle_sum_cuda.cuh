@@ -506,7 +506,8 @@ constexpr int targets_per_thread() {
 }
 
 // Launches the D = 3 kernel of family K for one column chunk of R columns (R from column_chunk);
-// `few_targets` picks the one- or two-targets-per-thread variant (real weights, no moments, float).
+// `few_targets` picks the one- or two-targets-per-thread variant (launch_d3_few) where one is compiled:
+// float, no moments, chunks of R <= 2 columns (complex weights count as two).
 // Explicitly instantiated for float and double in particle_sum_cuda_<kernel>.cu.
 template <ParticleKernel K, typename T>
 void launch_d3(const LaunchArgs<T>& args, int R, bool moments, bool few_targets, const at::TensorOptions& device,

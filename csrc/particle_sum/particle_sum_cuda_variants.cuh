@@ -17,11 +17,14 @@ void launch_d3_variant(const LaunchArgs<T>& args, const at::TensorOptions& devic
                  stream);
 }
 
-// Few targets: one per thread while they fit one wave of resident blocks, else two per thread,
-// which share each source read from shared memory and take half the blocks. The seed's 480,000
-// targets x 50 sources on an H100 (benchmarks/RESULTS.md, issue 19): 3,750 one-target blocks (1.8
-// waves) 14.5 us, 1,875 two-target blocks (1.6 waves: 56 registers, 9 blocks per SM) 13.4 us.
-// POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD=1 or 2 (debugging, read once per process) forces either.
+// Few targets: one per thread, except when all sources fit one shared-memory tile and the targets
+// exceed one wave of one-target blocks: then two per thread, which share each source read and take
+// half the blocks. The seed's 480,000 targets x 50 sources on an H100 (benchmarks/RESULTS.md, issue
+// 19): 3,750 one-target blocks (1.8 waves) 14.5 us, 1,875 two-target blocks (1.6 waves: 56 registers,
+// 9 blocks per SM) 13.4 us. With 500-1,500 sources the two variants measured within noise of each
+// other, either way by up to 10% (one run each on an H200), so those keep one target per thread.
+// POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD=1 or 2 forces either (debugging; read at the first call
+// of each kernel variant; other values are ignored).
 template <ParticleKernel K, typename T, int R, bool MOM>
 void launch_d3_few(const LaunchArgs<T>& args, const at::TensorOptions& device, cudaStream_t stream) {
   static const int forced = [] {
@@ -31,7 +34,7 @@ void launch_d3_few(const LaunchArgs<T>& args, const at::TensorOptions& device, c
   const auto one = particle_sum_d3_kernel<K, T, R, 1, MOM>;
   const int64_t wave = static_cast<int64_t>(multiprocessor_count()) *
                        resident_blocks(reinterpret_cast<const void*>(one), kThreads, 0) * kThreads;
-  if (forced == 2 || (forced != 1 && args.B * args.M > wave)) {
+  if (forced == 2 || (forced != 1 && args.N <= kTile && args.B * args.M > wave)) {
     return launch_d3_variant<K, T, R, 2, MOM>(args, device, stream);
   }
   launch_d3_variant<K, T, R, 1, MOM>(args, device, stream);
