@@ -191,7 +191,8 @@ if want overhead; then
 fi
 if want ncu-source; then
   # Per source line / SASS instruction of the ball query's list kernel (issue 18's row): instructions
-  # executed and warp-stall samples, as CSV (scripts/debug/ncu_source_summary.py reads them).
+  # executed and warp-stall samples, as CSV (columns "Instructions Executed" and "Warp Stall Sampling
+  # (All Samples)"; no script here summarises them).
   TAILN=5 step ncu-source-run 200 ncu --kernel-name regex:"ball_grid_tile" --launch-skip 2 --launch-count 1 \
     --section SourceCounters --section WarpStateStats --section InstructionStats --import-source yes \
     -f -o "$OUT/logs/tile" python scripts/debug/grid_profile.py "ball K=64"
