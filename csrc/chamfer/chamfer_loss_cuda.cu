@@ -39,13 +39,13 @@ struct LossArgs {
 
 // Sum of `value` over the block, the same tree on every call. All threads must call it.
 __device__ double block_sum(double value, double* shared) {
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  value = warp_sum(value);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
   __syncthreads();  // `shared` may still be read by a previous call
   if (lane == 0) shared[warp] = value;
   __syncthreads();
   value = lane < warps ? shared[lane] : 0.0;
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  value = warp_sum(value);
   return value;  // every thread holds the total
 }
 
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kLossThreads) chamfer_distance_loss_kernel(Los
         sum += a.squared ? di : ::sqrt(di);
       }
     }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    sum = warp_sum(sum);
     if (lane == 0) {
       const double weight = a.weights != nullptr ? a.weights[b] : 1.0;
       rows[row] = f.partner_empty(b) ? 0.0 : sum * weight * f.inverse_count(b);

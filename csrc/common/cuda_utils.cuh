@@ -108,6 +108,42 @@ void launch_after_previous(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+#if defined(__CUDACC__)
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Butterfly reductions over a warp (all 32 lanes must call them): every lane gets the result, and
+// the additions happen in the same tree on every call, so a sum is deterministic.
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_all_reduce(T v, Op op) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+  return warp_all_reduce(v, [](T x, T y) { return x + y; });
+}
+template <typename T>
+__device__ __forceinline__ T warp_min(T v) {
+  return warp_all_reduce(v, [](T x, T y) { return min(x, y); });
+}
+template <typename T>
+__device__ __forceinline__ T warp_max(T v) {
+  return warp_all_reduce(v, [](T x, T y) { return max(x, y); });
+}
+// The sum of v over this lane and the lanes below it (blocks of one dimension).
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T v) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T below = __shfl_up_sync(kFullMask, v, o);
+    if (lane >= o) v += below;
+  }
+  return v;
+}
+#endif  // __CUDACC__
+
 // A grid-stride-loop grid for `n` elements: enough blocks to fill the device, never 0.
 inline unsigned int grid_for(int64_t n, int threads) {
   const int64_t wanted = ceil_div<int64_t>(n, threads);

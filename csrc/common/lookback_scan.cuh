@@ -25,6 +25,8 @@
 
 #include <cstdint>
 
+#include "common/cuda_utils.cuh"
+
 namespace pointops {
 
 template <int kThreads>
@@ -37,7 +39,6 @@ struct LookbackScanStorage {
 
 namespace lookback_detail {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 // A tile's state word: 2 status bits, then the two 31-bit halves of its value.
 constexpr uint64_t kInvalid = 3;    // all-ones: what the caller's 0xFF memset leaves
 constexpr uint64_t kAggregate = 1;  // the value is the tile's own sum
@@ -81,12 +82,7 @@ __device__ __forceinline__ uint64_t block_exclusive_scan(uint64_t value, Lookbac
                                                          uint64_t* block_total) {
   using namespace lookback_detail;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  uint64_t inclusive = value;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const uint64_t other = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += other;
-  }
+  const uint64_t inclusive = warp_inclusive_sum(value);
   if (lane == 31) storage.warp_totals[warp] = inclusive;
   __syncthreads();
   uint64_t before_warp = 0, total = 0;
@@ -124,10 +120,7 @@ __device__ __forceinline__ uint64_t tile_exclusive_prefix(uint64_t* tile_states,
         const unsigned prefix_lanes = __ballot_sync(kFullMask, status_of(state) == kPrefix);
         // Lane 0 is the nearest predecessor: sum the lanes up to the nearest inclusive prefix.
         const int last = prefix_lanes ? __ffs(prefix_lanes) - 1 : 31;
-        uint64_t part = lane <= last ? value_of(state) : 0;
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) part += __shfl_xor_sync(kFullMask, part, offset);
-        exclusive += part;
+        exclusive += warp_sum<uint64_t>(lane <= last ? value_of(state) : 0);
         if (prefix_lanes) break;
         window_end -= 32;
       }

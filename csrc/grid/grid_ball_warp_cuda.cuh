@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/cuda_utils.cuh"
 #include "grid/grid_cuda.cuh"
 
 namespace pointops {
@@ -49,39 +50,6 @@ constexpr int64_t kBallWarpMaxK = 128;
 constexpr int64_t kWindowCandidates = 8;
 
 #if defined(__CUDACC__)
-
-constexpr unsigned kFullMask = 0xffffffffu;
-
-// Butterfly reductions over the warp: every lane gets the result.
-template <typename T, typename Op>
-__device__ __forceinline__ T warp_all_reduce(T v, Op op) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
-  return warp_all_reduce(v, [](T x, T y) { return x + y; });
-}
-template <typename T>
-__device__ __forceinline__ T warp_min(T v) {
-  return warp_all_reduce(v, [](T x, T y) { return min(x, y); });
-}
-template <typename T>
-__device__ __forceinline__ T warp_max(T v) {
-  return warp_all_reduce(v, [](T x, T y) { return max(x, y); });
-}
-// The sum of v over this lane and the lanes below it.
-template <typename T>
-__device__ __forceinline__ T warp_inclusive_sum(T v) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const T below = __shfl_up_sync(kFullMask, v, o);
-    if (lane >= o) v += below;
-  }
-  return v;
-}
 
 // Slots [from, K) of an output row: no neighbour (distance 0, index -1), as brute force writes them.
 template <typename acc_t>

@@ -146,14 +146,11 @@ grid_bounds_kernel(const acc_t* __restrict__ refs, const int64_t* __restrict__ l
       hi[a] = ::fmax(hi[a], static_cast<double>(p[a]));
     }
   }
+  n = warp_sum(n);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    n += __shfl_xor_sync(0xffffffffu, n, offset);
-#pragma unroll
-    for (int a = 0; a < D; ++a) {
-      lo[a] = ::fmin(lo[a], __shfl_xor_sync(0xffffffffu, lo[a], offset));
-      hi[a] = ::fmax(hi[a], __shfl_xor_sync(0xffffffffu, hi[a], offset));
-    }
+  for (int a = 0; a < D; ++a) {
+    lo[a] = warp_min(lo[a]);
+    hi[a] = warp_max(hi[a]);
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) {
@@ -288,8 +285,7 @@ grid_crowding_count_kernel(const acc_t* __restrict__ refs, const int64_t* __rest
           h = (h + 1) & s.mask;
         }
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) growth += __shfl_xor_sync(0xffffffffu, growth, o);
+      growth = warp_sum(growth);
       if (lane == 0) atomicAdd(s.sums + b * kCrowdingLevels + level, growth);
     }
     if (lane == 0) atomicAdd(s.sampled + b, static_cast<unsigned long long>(__popc(in_warp)));
@@ -516,11 +512,7 @@ grid_probe_kernel(const SearchArgs<acc_t, D> a, ProbeScratch s, ProbeCosts costs
         const acc_t d = point_distance<D, metric>(q, a.refs + (b * a.M + j * stride) * D);
         if (d < best) best = d;  // NaN (a non-finite reference) never is
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const acc_t other = __shfl_xor_sync(0xffffffffu, best, o);
-        best = other < best ? other : best;
-      }
+      best = warp_min(best);  // no NaN: best starts at +inf and only takes smaller distances
       int32_t lo[3], hi[3];
       reach_box<acc_t, D>(g, q, reach_of<acc_t, metric>(best), lo, hi);  // +inf: the whole grid
       double cells = 1, grid_cells = 1;

@@ -47,7 +47,6 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
 // One step's reductions and barriers cost about as much as updating this many points in a block
 // (a cluster barrier more than a block's): weighs a group size that runs every cloud in one wave

@@ -409,8 +409,7 @@ __global__ void __launch_bounds__(kMergeThreads) particle_sum_merge_splits_kerne
     for (int a = 0; a < A; ++a) {
       double v = 0.0;
       for (int64_t s = lane; s < args.num_splits; s += 32) v += args.partial[(s * targets + t) * A + a];
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+      v = warp_sum(v);
       if (lane == 0) staged[warp][a] = v;
     }
     __syncwarp();

@@ -31,10 +31,15 @@ void launch_d3_few(const LaunchArgs<T>& args, const at::TensorOptions& device, c
     const char* text = std::getenv("POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD");
     return text == nullptr ? 0 : std::atoi(text);
   }();
-  const auto one = particle_sum_d3_kernel<K, T, R, 1, MOM>;
-  const int64_t wave = static_cast<int64_t>(multiprocessor_count()) *
-                       resident_blocks(reinterpret_cast<const void*>(one), kThreads, 0) * kThreads;
-  if (forced == 2 || (forced != 1 && args.N <= kTile && args.B * args.M > wave)) {
+  // More targets than one wave of one-target blocks holds (the occupancy query is cached, and only
+  // asked where the sources fit one tile).
+  const auto beyond_one_wave = [&] {
+    const auto one = particle_sum_d3_kernel<K, T, R, 1, MOM>;
+    const int64_t wave = static_cast<int64_t>(multiprocessor_count()) *
+                         resident_blocks(reinterpret_cast<const void*>(one), kThreads, 0) * kThreads;
+    return args.B * args.M > wave;
+  };
+  if (forced == 2 || (forced != 1 && args.N <= kTile && beyond_one_wave())) {
     return launch_d3_variant<K, T, R, 2, MOM>(args, device, stream);
   }
   launch_d3_variant<K, T, R, 1, MOM>(args, device, stream);

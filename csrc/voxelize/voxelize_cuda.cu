@@ -61,7 +61,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarp = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
 // The number kernel's tile: kThreads threads x kScanItems consecutive points.
 constexpr int kScanItems = 4;
 constexpr int64_t kScanTile = kThreads * kScanItems;
