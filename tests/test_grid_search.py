@@ -98,9 +98,20 @@ def ragged(B, N, M, seed, device):
 
 
 # POINTOPS_GRID_BALL_TILES settings a ball test runs under: CUDA's shared lists at any size for every
-# group ("1": a test's small inputs would otherwise not reach them) and its warp per query alone
-# ("0"); the CPU has one ball search.
-TILES = {"cpu": ("1",), "cuda": ("1", "0")}
+# group ("1": a test's small inputs would otherwise not reach them), the same over the device-wide
+# radix sort instead of the per-cloud block sort ("1 device-sort": POINTOPS_GRID_BLOCK_SORT=0), and
+# the warp per query alone ("0"); the CPU has one ball search.
+TILES = {"cpu": ("1",), "cuda": ("1", "1 device-sort", "0")}
+
+
+def use_tiles(monkeypatch, tiles):
+    """Sets the environment for one TILES entry."""
+    value, _, sort = tiles.partition(" ")
+    monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", value)
+    if sort:
+        monkeypatch.setenv("POINTOPS_GRID_BLOCK_SORT", "0")
+    else:
+        monkeypatch.delenv("POINTOPS_GRID_BLOCK_SORT", raising=False)
 
 
 def both(fn):
@@ -213,7 +224,7 @@ def test_ragged_and_empty(kind, device, monkeypatch):
     both(lambda a: pointops.knn_points(x, y, xl, yl, K=4, algorithm=a)[:2])
     both(lambda a: pointops.knn_points(x, y, xl, yl, K=1, algorithm=a)[:2])
     for tiles in TILES[device]:
-        monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+        use_tiles(monkeypatch, tiles)
         both(lambda a: pointops.ball_query(x, y, xl, yl, K=6, radius=0.2, algorithm=a)[:2])
     for shapes in [(0, 5, 7), (2, 0, 7), (2, 5, 0), (2, 0, 0)]:  # B = 0, N = 0, M = 0
         B, N, M = shapes
@@ -221,7 +232,7 @@ def test_ragged_and_empty(kind, device, monkeypatch):
         both(lambda a: pointops.chamfer(a_, b_, algorithm=a))
         both(lambda a: pointops.knn_points(a_, b_, K=3, algorithm=a)[:2])
         for tiles in TILES[device]:
-            monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+            use_tiles(monkeypatch, tiles)
             both(lambda a: pointops.ball_query(a_, b_, K=3, radius=0.5, algorithm=a)[:2])
 
 
@@ -253,7 +264,7 @@ def test_ball_query_grid_equals_brute(kind, dtype, device, monkeypatch):
     """Every kind of cloud, D = 2 and 3, radii from below the spacing to +inf once squared, K below and
     above M; on CUDA with and without the shared lists (float64 computes without them)."""
     for tiles in TILES[device]:
-        monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+        use_tiles(monkeypatch, tiles)
         for D in (2, 3):
             p1, p2 = pair(kind, N=80, M=200, D=D, dtype=dtype, seed=20 + D, device=device)
             extent = 1e-30 if kind == "tiny" else 1.0
@@ -302,7 +313,7 @@ def test_ball_query_grid_cell_groups(cell, device, monkeypatch):
     l1, l2 = torch.tensor([700, 517], device=device), torch.tensor([2900, 3000], device=device)
     p1_2d, p2_2d = p1[..., :2].contiguous(), p2[..., :2].contiguous()
     for tiles in TILES[device]:
-        monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+        use_tiles(monkeypatch, tiles)
         for radius in (0.1, 0.15, 0.2):
             for K in (1, 16, 64, 128):
                 both(lambda a: pointops.ball_query(p1, p2, l1, l2, K=K, radius=radius, algorithm=a)[:2])
@@ -315,15 +326,16 @@ def test_ball_query_grid_list_sizes(device, monkeypatch):
     """Cloud sizes around the CUDA shared lists' bitmap of reference indices (grid_ball_tile_cuda.cuh:
     clouds of <= 32768 references, each lane owning a power of two of 32-bit words): 1 and 31
     references (one word), 1025 with 1000 valid (two words per lane), 32768 with 32767 valid (the
-    largest bitmap, its last word partly used) and 32769 (the warp per query alone). K = 4 stops
-    each query's scan early, K = 64 at ~20 hits takes them all. On CUDA also with
-    POINTOPS_GRID_BALL_TILES=0."""
+    largest bitmap, its last word partly used) and 32769 (the warp per query alone); 16384 with 16383
+    valid and 16385: the largest cloud the per-cloud block sort takes, and the smallest it leaves to
+    the device-wide sort. K = 4 stops each query's scan early, K = 64 at ~20 hits takes them all. On
+    CUDA also with POINTOPS_GRID_BLOCK_SORT=0 and POINTOPS_GRID_BALL_TILES=0."""
     g = torch.Generator().manual_seed(61)
     queries = (1.1 * torch.rand(2, 150, 3, generator=g) - 0.05).to(device)
     for tiles in TILES[device]:
-        monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
-        for M, valid, radius in ((1, 1, 0.5), (31, 31, 0.5), (1025, 1000, 0.17), (32768, 32767, 0.055),
-                                 (32769, 32769, 0.055)):
+        use_tiles(monkeypatch, tiles)
+        for M, valid, radius in ((1, 1, 0.5), (31, 31, 0.5), (1025, 1000, 0.17), (16384, 16383, 0.07),
+                                 (16385, 16385, 0.07), (32768, 32767, 0.055), (32769, 32769, 0.055)):
             refs = torch.rand(2, M, 3, generator=g).to(device)
             lengths = torch.tensor([valid, M], device=device)
             for K in (4, 64):
@@ -343,7 +355,7 @@ def test_ball_query_grid_dense_cells(device, monkeypatch):
     l1, l2 = torch.tensor([3000, 2011, 997], device=device), torch.tensor([1500, 1500, 1203], device=device)
     p1_2d, p2_2d = p1[..., :2].contiguous(), p2[..., :2].contiguous()
     for tiles in TILES[device]:
-        monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", tiles)
+        use_tiles(monkeypatch, tiles)
         for K in (1, 8, 50, 64):
             both(lambda a: pointops.ball_query(p1, p2, l1, l2, K=K, radius=0.2, algorithm=a)[:2])
         both(lambda a: pointops.ball_query(p1_2d, p2_2d, l1, l2, K=32, radius=0.05, algorithm=a)[:2])

@@ -13,6 +13,9 @@
 //            cell), invalid / non-finite points last in their half, values = their flat index
 //   sort     cub::DeviceRadixSort::SortPairs over the used key bits (stable): the references of
 //            each cell are contiguous and in index order; the queries are in cell order
+//            (the ball query's shared lists, clouds of <= 16384 points and queries: keys and sort
+//            in one launch, grid_keys_block_sort_kernel, a block per cloud and half; 1 enqueued
+//            operation instead of 11)
 //   cells    grid_cells_kernel: the sorted reference coordinates gathered with their original index
 //            into one contiguous (B*M) array, and at each run start the cell's key -> [start, end)
 //            inserted into an open-addressing hash table (fmix64, atomicCAS, bounded linear probing,
@@ -53,7 +56,8 @@
 //
 // Debugging: POINTOPS_GRID_POINTS_PER_CELL overrides the cell-size rule's points per cell (knn),
 // POINTOPS_GRID_BALL_CELL the ball query's smallest cell edge in radii, POINTOPS_GRID_BALL_TILES its
-// shared lists (0: off; n > 0: on at any size, for groups of >= n queries), POINTOPS_GRID_BALL_DEBUG=1
+// shared lists (0: off; n > 0: on at any size, for groups of >= n queries), POINTOPS_GRID_BLOCK_SORT=0
+// the device-wide sort behind them instead of the per-cloud block sort, POINTOPS_GRID_BALL_DEBUG=1
 // prints how many queries the lists left to their work list (a host sync), POINTOPS_GRID_CROWDING the
 // crowding refinement's target (0: off); POINTOPS_GRID_NEAREST_MIN_REFS / _MIN_PAIRS the K = 1
 // thresholds of grid_pays_cuda; POINTOPS_GRID_PROBE_SCALE / _CHAIN / _LIST_FACTOR / _DEBUG the
@@ -63,8 +67,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/device/device_radix_sort.cuh>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -347,6 +354,99 @@ __global__ void grid_keys_kernel(const acc_t* __restrict__ queries, const acc_t*
   }
 }
 
+// The keys and the sort in one launch, for clouds of at most kBlockSortItems references and as many
+// queries (the ball query's shared lists; issue 18's 8 x 16384 case): one block per cloud and half
+// (references, queries), the half's cell keys sorted in shared memory by cub's BlockRadixSort. The
+// device-wide sort costs 10 enqueued operations (5 kernels, 5 memsets) and its host dispatch per
+// call; this costs one. The output is what grid_keys_kernel + SortPairs give, except that each
+// cloud's padded / non-finite points end its own segment instead of its half: the keys of cloud b's
+// references fill [b M, b M + M) in (cell, index) order, its queries' [B M + b N, B M + b N + N), and
+// the values are the flat indices. grid_cells_kernel skips the invalid keys wherever they are, and a
+// cell's run stays contiguous (its key holds the cloud), so the grid is the same.
+//
+// A key is (cell << 14) | index in 32 bits, but only the cell bits are sorted: the keys enter the
+// sort in index order (the blocked arrangement) and the sort is stable, which orders a cell's points
+// by index with 3 passes of 6 bits instead of 8 of 4 over the whole key. They leave striped, for
+// coalesced stores. scripts/debug/block_sort_bench.cu times the configurations (the sort alone,
+// 16 x 16384 keys, H100): 512 x 32 keys 6-bit cell bits 21 us, 4-bit 23 us, all 32 bits 29 us;
+// 1024 x 16 keys 27-37 us.
+// The keys are computed in a rolled loop over striped indices (a warp reads consecutive points) into
+// shared memory, and read back blocked. Computed straight into 32 registers instead, the unrolled
+// loads spilled the grid's parameters (ncu: 57% of the stall samples before the sort). The whole
+// launch takes ~40 us for 8 x 16384 points and queries on an H100 (16 blocks; 43 us computed into
+// registers), against ~21 us for the sort alone in the bench: the rest is not yet accounted for.
+constexpr int kBlockSortThreads = 512;
+constexpr int kBlockSortPerThread = 32;
+constexpr int kBlockSortRadixBits = 6;
+constexpr int kBlockSortIndexBits = 14;
+constexpr int64_t kBlockSortItems = kBlockSortThreads * kBlockSortPerThread;  // 16384 = 2^14
+static_assert(kBlockSortItems == int64_t{1} << kBlockSortIndexBits, "a segment's indices fill the index bits");
+// Cells of such a cloud: log2_cells_for(16384) = 17 bits, one more value for the invalid points, and
+// the point's index: (cell << 14) | index fits 32 bits.
+constexpr int kBlockSortMaxCellBits = 32 - 1 - kBlockSortIndexBits;
+using BlockCellSort = cub::BlockRadixSort<uint32_t, kBlockSortThreads, kBlockSortPerThread, cub::NullType,
+                                          kBlockSortRadixBits>;
+union BlockSortStorage {
+  typename BlockCellSort::TempStorage sort;
+  // key i at [i + i / 32]: a warp's striped writes are contiguous, and its blocked reads (thread t,
+  // item k at 33 t + k) fall in 32 different banks
+  uint32_t keys[kBlockSortItems + kBlockSortItems / 32];
+};
+
+template <typename acc_t, int D>
+__global__ void __launch_bounds__(kBlockSortThreads, 1)
+grid_keys_block_sort_kernel(const acc_t* __restrict__ queries, const acc_t* __restrict__ refs,
+                            const int64_t* __restrict__ lengths1, const int64_t* __restrict__ lengths2, int64_t B,
+                            int64_t N, int64_t M, const GridParams* __restrict__ grids, int log2_cells, int query_bit,
+                            uint64_t* __restrict__ keys, int32_t* __restrict__ values) {
+  extern __shared__ __align__(16) unsigned char block_sort_shared[];
+  auto& storage = *reinterpret_cast<BlockSortStorage*>(block_sort_shared);
+  const int64_t b = blockIdx.x / 2;
+  const bool is_query = blockIdx.x % 2 == 1;
+  const int64_t size = is_query ? N : M;
+  const int64_t first = is_query ? B * M + b * N : b * M;  // the segment's first flat index
+  const int64_t* lengths = is_query ? lengths1 : lengths2;
+  const int64_t valid = lengths ? lengths[b] : size;
+  const acc_t* points = (is_query ? queries : refs) + b * size * D;
+  const GridParams g = grids[b];  // in registers: the loop below reads it for every point
+  // (cell within the cloud << 14) | index; invalid points take the cell 2^log2_cells (after every
+  // cell), the slots past the segment all ones (after those: their cell bits are all ones, and where
+  // they equal the invalid cell's (log2_cells = 0) the stable sort keeps them after it by index).
+  const uint64_t cloud_key = static_cast<uint64_t>(b) << log2_cells;
+  const uint64_t invalid = static_cast<uint64_t>(B) << log2_cells;
+  const uint32_t invalid_cell = 1u << log2_cells;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < kBlockSortItems; i += kBlockSortThreads) {
+    uint32_t key = ~0u;
+    if (i < size) {
+      const uint64_t full = point_sort_key<acc_t, D>(points + static_cast<int64_t>(i) * D, b, i, valid, B, g, log2_cells);
+      const uint32_t cell = full >= invalid ? invalid_cell : static_cast<uint32_t>(full - cloud_key);
+      key = (cell << kBlockSortIndexBits) | static_cast<uint32_t>(i);
+    }
+    storage.keys[i + i / 32] = key;
+  }
+  __syncthreads();
+  uint32_t key[kBlockSortPerThread];
+#pragma unroll
+  for (int k = 0; k < kBlockSortPerThread; ++k) {
+    const int i = static_cast<int>(threadIdx.x) * kBlockSortPerThread + k;
+    key[k] = storage.keys[i + i / 32];
+  }
+  __syncthreads();  // the sort reuses the shared memory
+  BlockCellSort(storage.sort).SortBlockedToStriped(key, kBlockSortIndexBits, kBlockSortIndexBits + log2_cells + 1);
+#pragma unroll
+  for (int k = 0; k < kBlockSortPerThread; ++k) {
+    const int64_t slot = static_cast<int64_t>(k) * kBlockSortThreads + threadIdx.x;
+    if (slot < size) {  // the first `size` slots hold the segment's points (the padding sorts last)
+      const uint32_t cell = key[k] >> kBlockSortIndexBits;
+      const int64_t i = key[k] & ((1u << kBlockSortIndexBits) - 1u);
+      const uint64_t full = cell >= invalid_cell ? invalid : cloud_key | cell;
+      keys[first + slot] = is_query ? (full | (1ull << query_bit)) : full;
+      values[first + slot] = static_cast<int32_t>(first + i);
+    }
+  }
+}
+
 __device__ __forceinline__ void insert_cell(CellSlot* table, uint64_t mask, uint64_t key, int32_t start,
                                             int32_t end) {
   uint64_t h = fmix64(key) & mask;
@@ -588,6 +688,27 @@ size_t radix_sort_bytes(int64_t total, int end_bit, cudaStream_t stream) {
   return last.bytes;
 }
 
+// Launches grid_keys_block_sort_kernel (2 B blocks), its shared memory limit raised once per device
+// (the same value every time, so concurrent callers cannot undo each other).
+template <typename acc_t, int D>
+void launch_keys_block_sort(const acc_t* qp, const acc_t* rp, const int64_t* lengths1, const int64_t* lengths2,
+                            int64_t B, int64_t N, int64_t M, const GridParams* grids, int log2_cells, int query_bit,
+                            uint64_t* keys, int32_t* values, cudaStream_t stream) {
+  constexpr size_t bytes = sizeof(BlockSortStorage);
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> raised[kMaxDevices];  // static storage: false
+  const auto kernel = grid_keys_block_sort_kernel<acc_t, D>;
+  const int device = c10::cuda::current_device();
+  if (device < 0 || device >= kMaxDevices || !raised[device].load(std::memory_order_relaxed)) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    if (device >= 0 && device < kMaxDevices) raised[device].store(true, std::memory_order_relaxed);
+  }
+  TORCH_CHECK(2 * B <= std::numeric_limits<int32_t>::max(), "algorithm='grid': too many clouds (", B, ")");
+  kernel<<<static_cast<unsigned>(2 * B), kBlockSortThreads, bytes, stream>>>(qp, rp, lengths1, lengths2, B, N, M, grids,
+                                                                             log2_cells, query_bit, keys, values);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // The grid of the reference clouds r (B, M, D) and the cell order of the queries q (B, N, D).
 template <typename acc_t, int D>
 struct GridBuild {
@@ -606,10 +727,12 @@ struct GridBuild {
 // crowding_target > 0: the crowding refinement (knn), in points (see grid_crowding_count_kernel).
 // probe: room for grid_probe_kernel's counters in the cleared scratch. ball_list: room for the
 // ball query's work list (grid_ball_tile_cuda.cuh), its counter in the cleared scratch.
+// block_sort: the keys sorted per cloud and half in one launch (grid_keys_block_sort_kernel) where
+// the clouds fit it, instead of grid_keys_kernel and the device-wide radix sort.
 template <typename acc_t, int D>
 GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const at::Tensor& len1,
                                const at::Tensor& len2, BuildConfig cfg, double crowding_target = 0,
-                               bool probe = false, bool ball_list = false) {
+                               bool probe = false, bool ball_list = false, bool block_sort = false) {
   const int64_t B = q.size(0), N = q.size(1), M = r.size(1);
   const int64_t total = B * (M + N);
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -627,7 +750,8 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   TORCH_CHECK(B * blocks_per_cloud <= std::numeric_limits<int32_t>::max(), "algorithm='grid': too many clouds (",
               B, ")");
 
-  size_t sort_bytes = radix_sort_bytes(total, end_bit, stream);  // SortPairs takes it by reference
+  block_sort = block_sort && !crowding && std::max(M, N) <= kBlockSortItems && cfg.log2_cells <= kBlockSortMaxCellBits;
+  size_t sort_bytes = block_sort ? 0 : radix_sort_bytes(total, end_bit, stream);  // SortPairs takes it by reference
   int64_t offset = 0;
   const auto carve = [&offset](int64_t bytes) {
     const int64_t at = offset;
@@ -651,8 +775,8 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   const int64_t off_ball_count = carve(ball_list ? 4 : 0);
   const int64_t cleared = offset;
   const int64_t off_grids = carve(B * static_cast<int64_t>(sizeof(GridParams)));
-  const int64_t off_keys0 = carve(total * 8), off_keys1 = carve(total * 8);
-  const int64_t off_values0 = carve(total * 4), off_values1 = carve(total * 4);
+  const int64_t off_keys0 = carve(total * 8), off_keys1 = carve(block_sort ? 0 : total * 8);
+  const int64_t off_values0 = carve(total * 4), off_values1 = carve(block_sort ? 0 : total * 4);
   const int64_t off_temp = carve(static_cast<int64_t>(sort_bytes));
   const int64_t off_points = carve(B * M * static_cast<int64_t>(sizeof(GridPoint<acc_t, D>)));
   const int64_t off_ball_list = carve(ball_list ? B * N * 4 : 0);
@@ -696,13 +820,18 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
                                      stream>>>(B, scratch, crowd, cfg, crowding_target, build.grids);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  grid_keys_kernel<acc_t, D><<<grid_for(total, kBuildThreads), kBuildThreads, 0, stream>>>(
-      qp, rp, lengths1, lengths2, B, N, M, build.grids, cfg.log2_cells, query_bit, keys.Current(), values.Current());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  // Stable: a cell's references stay in index order (the ball query relies on it). The double
-  // buffers' selectors are flipped on the host, so Current() names the sorted arrays on return.
-  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + off_temp, sort_bytes, keys, values, static_cast<int>(total),
-                                                 0, end_bit, stream));
+  if (block_sort) {  // sorted in place: Current() is the first buffer
+    launch_keys_block_sort<acc_t, D>(qp, rp, lengths1, lengths2, B, N, M, build.grids, cfg.log2_cells, query_bit,
+                                     keys.Current(), values.Current(), stream);
+  } else {
+    grid_keys_kernel<acc_t, D><<<grid_for(total, kBuildThreads), kBuildThreads, 0, stream>>>(
+        qp, rp, lengths1, lengths2, B, N, M, build.grids, cfg.log2_cells, query_bit, keys.Current(), values.Current());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // Stable: a cell's references stay in index order (the ball query relies on it). The double
+    // buffers' selectors are flipped on the host, so Current() names the sorted arrays on return.
+    C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + off_temp, sort_bytes, keys, values,
+                                                   static_cast<int>(total), 0, end_bit, stream));
+  }
   if (B * M > 0) {
     grid_cells_kernel<acc_t, D><<<grid_for(B * M, kBuildThreads), kBuildThreads, 0, stream>>>(
         rp, B, M, keys.Current(), values.Current(), cfg.log2_cells, build.table, build.mask, build.points);
@@ -1033,12 +1162,15 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, co
   const double tiles_override = env_override("POINTOPS_GRID_BALL_TILES", -1.0, true);
   const bool tiles = K <= kBallWarpMaxK && p2.size(1) <= kTileMaxRefs && call.compute_type == at::kFloat &&
                      (tiles_override < 0 ? B * N >= kTileMinQueries : tiles_override > 0);
+  // With the lists, the keys sorted per cloud in one launch where the clouds fit it (build_grid);
+  // POINTOPS_GRID_BLOCK_SORT=0 (debugging) keeps the device-wide sort.
+  const bool block_sort = tiles && env_override("POINTOPS_GRID_BLOCK_SORT", 1.0, true) > 0;
   AT_DISPATCH_FLOATING_TYPES(compute_type, "ball_query_grid_cuda", [&] {
     using acc_t = scalar_t;
     dispatch_dim(dim, [&](auto dim_tag) {
       constexpr int D = decltype(dim_tag)::value;
       if constexpr (D == 2 || D == 3) {
-        const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg, 0, false, tiles);
+        const auto build = build_grid<acc_t, D>(q, r, lengths1, lengths2, cfg, 0, false, tiles, block_sort);
         auto a = make_search_args<acc_t, D>(q, r, lengths1, lengths2, K, build, dists, idx);
         a.r2 = squared_radius<acc_t>(radius);
         a.ball_min_group = tiles_override > 0 ? static_cast<int>(std::min(tiles_override, 32.0)) : kTileMinGroup;

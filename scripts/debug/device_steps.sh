@@ -14,6 +14,10 @@
 #   racecheck-ball      racecheck on the crowded, cell-group, dense-cell and list ball tests (the warp
 #                       ball query's shared buffers, the shared lists' bitmap and staging)
 #   memcheck-tiles      memcheck on the same tests (the shared lists and the work list)
+#   racecheck-list-sizes  racecheck on the list-size ball test alone (its 16384-point clouds take the
+#                       per-cloud block sort, grid_keys_block_sort_kernel; ~1/4 of racecheck-ball)
+#   racecheck-particle  racecheck on the particle sums' two-targets-per-thread test
+#   block-sort-bench    scripts/debug/block_sort_bench.cu (cub BlockRadixSort configurations, standalone)
 #   ball-tests          the CUDA ball-query tests of the grid and of test_neighbors.py
 #   check               grid_cuda_check.py check (random cases, grid vs brute bit for bit)
 #   ball                grid_cuda_check.py ball (the issue's ball row, its kernels, grid vs brute)
@@ -126,6 +130,18 @@ if want memcheck-tiles; then
   step memcheck-tiles "${MEMCHECK_TILES_S:-200}" compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
     tests/test_grid_search.py -q -p no:cacheprovider \
     -k "(cell_groups or crowded or dense_cells or list_sizes or lists_by_default) and cuda"
+fi
+if want racecheck-list-sizes; then
+  step racecheck-list-sizes "${RACECHECK_LIST_SIZES_S:-200}" compute-sanitizer --tool racecheck --error-exitcode 9 \
+    python -m pytest tests/test_grid_search.py -q -p no:cacheprovider -k "list_sizes and cuda"
+fi
+if want racecheck-particle; then
+  step racecheck-particle 200 compute-sanitizer --tool racecheck --error-exitcode 9 python -m pytest \
+    tests/test_particle_sum.py -q -p no:cacheprovider -k "two_targets"
+fi
+if want block-sort-bench; then
+  TAILN=12 step block-sort-bench 120 bash -c "nvcc -O3 -std=c++17 -arch=sm_90 scripts/debug/block_sort_bench.cu \
+    -o /tmp/block_sort_bench && /tmp/block_sort_bench"
 fi
 if want ball-tests; then
   TAILN=3 step ball-tests 200 python -m pytest tests/test_grid_search.py tests/test_neighbors.py -q \

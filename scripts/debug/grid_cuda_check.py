@@ -534,17 +534,22 @@ def run_tune():
 
 
 @contextlib.contextmanager
-def warp_per_query():
-    """The ball query's warp per query without the shared lists (POINTOPS_GRID_BALL_TILES=0)."""
-    before = os.environ.get("POINTOPS_GRID_BALL_TILES")
-    os.environ["POINTOPS_GRID_BALL_TILES"] = "0"
+def env_set(name, value):
+    """Environment variable `name` set to `value` inside the block, restored after it."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("POINTOPS_GRID_BALL_TILES", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["POINTOPS_GRID_BALL_TILES"] = before
+            os.environ[name] = before
+
+
+def warp_per_query():
+    """The ball query's warp per query without the shared lists (POINTOPS_GRID_BALL_TILES=0)."""
+    return env_set("POINTOPS_GRID_BALL_TILES", "0")
 
 
 def host_us(fn, calls=20):
@@ -589,6 +594,11 @@ def run_ball(g=None):
         with warp_per_query():  # the same row without the shared lists, same run
             row("  the same, POINTOPS_GRID_BALL_TILES=0 (warp per query)", timed(call, repeat=50), None, None,
                 verify(call()[:2], want))
+        with env_set("POINTOPS_GRID_BLOCK_SORT", "0"):  # the lists over the device-wide radix sort
+            row("  the same, POINTOPS_GRID_BLOCK_SORT=0 (device-wide sort)", timed(call, repeat=50), None, None,
+                verify(call()[:2], want))
+    with env_set("POINTOPS_GRID_BLOCK_SORT", "0"):
+        print(f"host us per call (GPU busy), device-wide sort: {host_us(call):.1f}", flush=True)
     print(f"host us per call (GPU busy): grid {host_us(call):.1f}, brute {host_us(brute):.1f}", flush=True)
     # Where the host's time goes: the CUDA runtime calls (launches, memsets, queries) against the
     # rest, self CPU time over 20 calls with the GPU kept busy (the calls only enqueue).
