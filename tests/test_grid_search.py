@@ -328,10 +328,12 @@ def test_ball_query_grid_list_sizes(device, monkeypatch):
     references (one word), 1025 with 1000 valid (two words per lane), 32768 with 32767 valid (the
     largest bitmap, its last word partly used) and 32769 (the warp per query alone); 16384 with 16383
     valid and 16385: the largest cloud the per-cloud block sort takes, and the smallest it leaves to
-    the device-wide sort. K = 4 stops each query's scan early, K = 64 at ~20 hits takes them all. On
+    the device-wide sort. K = 4 stops each query's scan early, K = 64 at ~20 hits takes them all. The
+    same bounds on the query side: 16384 queries (16383 valid) and 16385 against 100 references. On
     CUDA also with POINTOPS_GRID_BLOCK_SORT=0 and POINTOPS_GRID_BALL_TILES=0."""
     g = torch.Generator().manual_seed(61)
     queries = (1.1 * torch.rand(2, 150, 3, generator=g) - 0.05).to(device)
+    few_refs = torch.rand(2, 100, 3, generator=g).to(device)
     for tiles in TILES[device]:
         use_tiles(monkeypatch, tiles)
         for M, valid, radius in ((1, 1, 0.5), (31, 31, 0.5), (1025, 1000, 0.17), (16384, 16383, 0.07),
@@ -340,6 +342,10 @@ def test_ball_query_grid_list_sizes(device, monkeypatch):
             lengths = torch.tensor([valid, M], device=device)
             for K in (4, 64):
                 both(lambda a: pointops.ball_query(queries, refs, None, lengths, K=K, radius=radius, algorithm=a)[:2])
+        for N in (16384, 16385):
+            many = torch.rand(2, N, 3, generator=g).to(device)
+            lengths = torch.tensor([N - 1, N], device=device)
+            both(lambda a: pointops.ball_query(many, few_refs, lengths, None, K=8, radius=0.2, algorithm=a)[:2])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -388,7 +394,10 @@ def test_ball_query_grid_routes(monkeypatch, capfd):
     (a Poisson tail), and the groups of < 4 are warps' edge fragments, ~2% of the queries; so at
     most a quarter of the queries to the work list is a loose bound. Crowded: every reference in a
     cube of edge 0.05 (one cell), so every list is over 480 and every query goes to the work list.
-    Sparse: about one query per cell, mostly groups of < 4. All still equal brute force."""
+    Sparse: about one query per cell, mostly groups of < 4. All still equal brute force. The line
+    also names the sort behind the lists: the per-cloud block sort for the sparse case (64 clouds of
+    <= 16384 points: 128 blocks, one wave on a GPU of >= 128 SMs, and shared memory that compute
+    capability 7.5 cannot give a block), the device-wide sort for 40000 queries a cloud."""
     monkeypatch.delenv("POINTOPS_GRID_BALL_TILES", raising=False)
     monkeypatch.setenv("POINTOPS_GRID_BALL_DEBUG", "1")
     g = torch.Generator().manual_seed(73)
@@ -404,6 +413,10 @@ def test_ball_query_grid_routes(monkeypatch, capfd):
         assert len(lines) == 1, lines
         queries, listed = (int(w) for w in lines[0].replace(",", "").split() if w.isdigit())
         assert queries == p1.shape[0] * p1.shape[1]
+        B, N, M = p1.shape[0], p1.shape[1], p2.shape[1]
+        props = torch.cuda.get_device_properties(p1.device)
+        block = max(N, M) <= 16384 and 2 * B <= props.multi_processor_count and (props.major, props.minor) != (7, 5)
+        assert lines[0].endswith("block sort" if block else "device-wide sort"), lines[0]
         both(lambda a: pointops.ball_query(p1, p2, K=K, radius=radius, algorithm=a)[:2])
         return listed / queries
 
@@ -414,6 +427,9 @@ def test_ball_query_grid_routes(monkeypatch, capfd):
     sparse_q = torch.rand(64, 1024, 3, generator=g).cuda()
     sparse_refs = torch.rand(64, 16384, 3, generator=g).cuda()
     assert routed(sparse_q, sparse_refs, 16, 0.1) > 0.75
+    # 256 clouds of 256 queries and references: 512 blocks, more than a wave, so the device-wide sort
+    # (routed checks the line's sort; the share listed is not the point here)
+    routed(torch.rand(256, 256, 3, generator=g).cuda(), torch.rand(256, 256, 3, generator=g).cuda(), 16, 0.1)
     monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", "0")  # the warp per query alone: no work list, no line
     capfd.readouterr()
     pointops.ball_query(uniform_q, refs, K=64, radius=0.1, algorithm="grid")

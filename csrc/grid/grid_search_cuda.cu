@@ -50,8 +50,9 @@
 // Why a cell can be skipped without changing any result: grid_cuda.cuh.
 //
 // Memory (bytes): 16 x capacity (table, capacity = pow2 >= 2 B M) + 24 x B (M + N) (keys and
-// values, double-buffered) + sizeof(GridPoint) x B M (16 for float D = 2, 3; 32 for double) + the
-// sort's temporary storage + small per-cloud arrays (+ 4 x B N: the ball query's work list).
+// values, double-buffered; 12 x B (M + N) and no sort storage behind the per-cloud block sort) +
+// sizeof(GridPoint) x B M (16 for float D = 2, 3; 32 for double) + the sort's temporary storage +
+// small per-cloud arrays (+ 4 x B N: the ball query's work list).
 // 1M x 1M float D = 3: ~100 MB.
 //
 // Debugging: POINTOPS_GRID_POINTS_PER_CELL overrides the cell-size rule's points per cell (knn),
@@ -410,8 +411,8 @@ grid_keys_block_sort_kernel(const acc_t* __restrict__ queries, const acc_t* __re
   const acc_t* points = (is_query ? queries : refs) + b * size * D;
   const GridParams g = grids[b];  // in registers: the loop below reads it for every point
   // (cell within the cloud << 14) | index; invalid points take the cell 2^log2_cells (after every
-  // cell), the slots past the segment all ones (after those: their cell bits are all ones, and where
-  // they equal the invalid cell's (log2_cells = 0) the stable sort keeps them after it by index).
+  // cell), the slots past the segment all ones (after those: their sorted bits, all ones, exceed the
+  // invalid cell's, log2_cells_for giving >= 6).
   const uint64_t cloud_key = static_cast<uint64_t>(b) << log2_cells;
   const uint64_t invalid = static_cast<uint64_t>(B) << log2_cells;
   const uint32_t invalid_cell = 1u << log2_cells;
@@ -688,25 +689,41 @@ size_t radix_sort_bytes(int64_t total, int end_bit, cudaStream_t stream) {
   return last.bytes;
 }
 
-// Launches grid_keys_block_sort_kernel (2 B blocks), its shared memory limit raised once per device
-// (the same value every time, so concurrent callers cannot undo each other).
+// Whether grid_keys_block_sort_kernel<acc_t, D> can run on the current device, its dynamic shared
+// memory limit raised there (once per device, the same value every time, so concurrent callers
+// cannot undo each other). It needs ~68 KB a block: compute capability 7.0 and 8.0+ opt in to more,
+// 7.5 (Turing) to 64 KB only, where the device-wide sort stays.
 template <typename acc_t, int D>
-void launch_keys_block_sort(const acc_t* qp, const acc_t* rp, const int64_t* lengths1, const int64_t* lengths2,
-                            int64_t B, int64_t N, int64_t M, const GridParams* grids, int log2_cells, int query_bit,
-                            uint64_t* keys, int32_t* values, cudaStream_t stream) {
-  constexpr size_t bytes = sizeof(BlockSortStorage);
+bool block_sort_ready() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<bool> raised[kMaxDevices];  // static storage: false
-  const auto kernel = grid_keys_block_sort_kernel<acc_t, D>;
+  enum : int { kUnknown = 0, kReady = 1, kUnavailable = 2 };
+  static std::atomic<int> state[kMaxDevices];  // static storage: kUnknown
   const int device = c10::cuda::current_device();
-  if (device < 0 || device >= kMaxDevices || !raised[device].load(std::memory_order_relaxed)) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    if (device >= 0 && device < kMaxDevices) raised[device].store(true, std::memory_order_relaxed);
+  if (device < 0 || device >= kMaxDevices) return false;
+  int known = state[device].load(std::memory_order_relaxed);
+  if (known == kUnknown) {
+    int optin_bytes = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const bool fits = sizeof(BlockSortStorage) <= static_cast<size_t>(optin_bytes);
+    if (fits) {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(grid_keys_block_sort_kernel<acc_t, D>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(sizeof(BlockSortStorage))));
+    }
+    known = fits ? kReady : kUnavailable;
+    state[device].store(known, std::memory_order_relaxed);
   }
-  TORCH_CHECK(2 * B <= std::numeric_limits<int32_t>::max(), "algorithm='grid': too many clouds (", B, ")");
-  kernel<<<static_cast<unsigned>(2 * B), kBlockSortThreads, bytes, stream>>>(qp, rp, lengths1, lengths2, B, N, M, grids,
-                                                                             log2_cells, query_bit, keys, values);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return known == kReady;
+}
+
+// Where the per-cloud block sort replaces grid_keys_kernel + the device-wide sort: clouds and query
+// sets that fit one block, and at most one wave of blocks (one per SM): a block always sorts 16,384
+// slots (~40 us on an H100), so many small clouds (512 of 128 points: 8 waves) cost less sorted
+// device-wide; and a device whose blocks can hold the kernel's shared memory.
+template <typename acc_t, int D>
+bool use_block_sort(int64_t B, int64_t N, int64_t M, int log2_cells) {
+  return std::max(M, N) <= kBlockSortItems && log2_cells <= kBlockSortMaxCellBits &&
+         2 * B <= multiprocessor_count() && block_sort_ready<acc_t, D>();
 }
 
 // The grid of the reference clouds r (B, M, D) and the cell order of the queries q (B, N, D).
@@ -722,6 +739,7 @@ struct GridBuild {
   ProbeScratch probe;  // cleared; null pointers unless asked for
   uint32_t* ball_list_count = nullptr;  // cleared (holds count - 1); null unless asked for
   int32_t* ball_list = nullptr;         // (B N); null unless asked for
+  bool block_sorted = false;            // keys sorted by grid_keys_block_sort_kernel
 };
 
 // crowding_target > 0: the crowding refinement (knn), in points (see grid_crowding_count_kernel).
@@ -750,7 +768,8 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
   TORCH_CHECK(B * blocks_per_cloud <= std::numeric_limits<int32_t>::max(), "algorithm='grid': too many clouds (",
               B, ")");
 
-  block_sort = block_sort && !crowding && std::max(M, N) <= kBlockSortItems && cfg.log2_cells <= kBlockSortMaxCellBits;
+  block_sort = block_sort && !crowding && use_block_sort<acc_t, D>(B, N, M, cfg.log2_cells);
+  build.block_sorted = block_sort;
   size_t sort_bytes = block_sort ? 0 : radix_sort_bytes(total, end_bit, stream);  // SortPairs takes it by reference
   int64_t offset = 0;
   const auto carve = [&offset](int64_t bytes) {
@@ -820,9 +839,11 @@ GridBuild<acc_t, D> build_grid(const at::Tensor& q, const at::Tensor& r, const a
                                      stream>>>(B, scratch, crowd, cfg, crowding_target, build.grids);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  if (block_sort) {  // sorted in place: Current() is the first buffer
-    launch_keys_block_sort<acc_t, D>(qp, rp, lengths1, lengths2, B, N, M, build.grids, cfg.log2_cells, query_bit,
-                                     keys.Current(), values.Current(), stream);
+  if (block_sort) {  // sorted in place: Current() is the first buffer (the second has no room)
+    grid_keys_block_sort_kernel<acc_t, D><<<static_cast<unsigned>(2 * B), kBlockSortThreads, sizeof(BlockSortStorage),
+                                            stream>>>(qp, rp, lengths1, lengths2, B, N, M, build.grids,
+                                                      cfg.log2_cells, query_bit, keys.Current(), values.Current());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else {
     grid_keys_kernel<acc_t, D><<<grid_for(total, kBuildThreads), kBuildThreads, 0, stream>>>(
         qp, rp, lengths1, lengths2, B, N, M, build.grids, cfg.log2_cells, query_bit, keys.Current(), values.Current());
@@ -1000,15 +1021,15 @@ void launch_ball_warp_search(const SearchArgs<acc_t, D>& a) {
 }
 
 // POINTOPS_GRID_BALL_DEBUG=1 (debugging, tests; a host sync per call): how many queries the shared
-// lists left to their work list.
+// lists left to their work list, and which sort ordered the keys.
 template <typename acc_t, int D>
-void print_ball_routes(const SearchArgs<acc_t, D>& a) {
+void print_ball_routes(const SearchArgs<acc_t, D>& a, bool block_sorted) {
   uint32_t count_minus_one = 0;
   const auto stream = c10::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(cudaMemcpyAsync(&count_minus_one, a.ball_list_count, 4, cudaMemcpyDeviceToHost, stream));
   C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::fprintf(stderr, "grid ball: %lld queries, %u to the work list\n", static_cast<long long>(a.B * a.N),
-               count_minus_one + 1u);
+  std::fprintf(stderr, "grid ball: %lld queries, %u to the work list, %s sort\n", static_cast<long long>(a.B * a.N),
+               count_minus_one + 1u, block_sorted ? "block" : "device-wide");
 }
 
 // K <= 128: a warp per query (behind the shared lists); larger K: a thread per query, passes of 64.
@@ -1176,7 +1197,7 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, co
         a.ball_min_group = tiles_override > 0 ? static_cast<int>(std::min(tiles_override, 32.0)) : kTileMinGroup;
         a.ball_tile_log2_words = tile_log2_words_per_lane(r.size(1));
         launch_ball<acc_t, D>(a);
-        if (tiles && env_override("POINTOPS_GRID_BALL_DEBUG", 0.0, false) > 0) print_ball_routes(a);
+        if (tiles && env_override("POINTOPS_GRID_BALL_DEBUG", 0.0, false) > 0) print_ball_routes(a, build.block_sorted);
       }
     });
   });
