@@ -269,7 +269,7 @@ __global__ void nearest_neighbor_finalize_kernel(Direction<scalar_t, at::opmath_
 struct DirectionTensors {
   at::Tensor queries, refs, query_lengths, ref_lengths;
   at::Tensor dist, idx;
-  at::Tensor partial_dist, partial_idx;
+  at::Tensor partials;  // bytes: the (num_splits, B, N) partial distances, then their int32 indices
   bool zero_unmatched = false;
   at::Tensor grid_choice, grid_dist, grid_idx;  // attach_grid_probe
 };
@@ -294,11 +294,13 @@ Direction<scalar_t, at::opmath_type<scalar_t>> make_direction(DirectionTensors& 
     d.split_len = ceil_div(ceil_div(M, splits), tile_points) * tile_points;
     d.num_splits = ceil_div(M, d.split_len);
   }
-  auto acc_options = t.queries.options().dtype(c10::CppTypeToScalarType<acc_t>::value);
-  t.partial_dist = at::empty({d.num_splits, B, N}, acc_options);
-  t.partial_idx = at::empty({d.num_splits, B, N}, t.queries.options().dtype(at::kInt));
-  d.partial_dist = t.partial_dist.data_ptr<acc_t>();
-  d.partial_idx = t.partial_idx.data_ptr<int32_t>();
+  // One allocation for both arrays (a call's host time is mostly such steps): the distances first,
+  // whose size keeps the indices 4-byte aligned.
+  const int64_t count = d.num_splits * B * N;
+  t.partials = at::empty({count * static_cast<int64_t>(sizeof(acc_t) + sizeof(int32_t))},
+                         t.queries.options().dtype(at::kByte));
+  d.partial_dist = reinterpret_cast<acc_t*>(t.partials.data_ptr<uint8_t>());
+  d.partial_idx = reinterpret_cast<int32_t*>(t.partials.data_ptr<uint8_t>() + count * static_cast<int64_t>(sizeof(acc_t)));
   if (t.grid_choice.defined()) {
     d.grid_choice = t.grid_choice.const_data_ptr<uint8_t>();
     d.grid_dist = t.grid_dist.const_data_ptr<acc_t>();
@@ -316,10 +318,9 @@ void nearest_neighbor_cuda_impl(DirectionTensors* dirs, int num_dirs, Metric met
     using acc_t = at::opmath_type<scalar_t>;
     using Dir = Direction<scalar_t, acc_t>;
     auto launch = [&](auto kernel, int64_t chunk_size, int64_t tile_points, size_t shared_bytes, auto... extra) {
-      int blocks_per_sm = 0;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared_bytes));
+      const int blocks_per_sm = resident_blocks(reinterpret_cast<const void*>(kernel), kThreads, shared_bytes);
       // Enough blocks for two full waves; the splits supply what the queries alone cannot.
-      const int64_t target_blocks = 2 * static_cast<int64_t>(multiprocessor_count()) * std::max(blocks_per_sm, 1);
+      const int64_t target_blocks = 2 * static_cast<int64_t>(multiprocessor_count()) * blocks_per_sm;
       int64_t max_chunks = 1, base_blocks = 0;
       for (int d = 0; d < num_dirs; ++d) {
         const int64_t chunks = ceil_div(dirs[d].queries.size(1), chunk_size);
