@@ -5,7 +5,10 @@
 #                       finds a fresh machine (the warm one goes back after 30 s idle) builds first;
 #                       FORCE_BUILD=1 rebuilds on a warm machine (its module may be another tree's)
 #                       or, when .devbuild/ is carried with a module built from the same sources,
-#                       unpacks that one (seconds instead of ~300 s)
+#                       unpacks that one (seconds instead of ~300 s); CLEAN_BUILD=1 removes build/
+#                       first: after a file is reverted, a warm machine's incremental build can keep
+#                       the object compiled from the changed file (the copied files keep this
+#                       machine's modification times, and the clocks differ)
 #   save-module         the built module into $OUT/devbuild/ (fetched, then carried as .devbuild/)
 #   memcheck-particle   compute-sanitizer memcheck on the particle-sum tests
 #   memcheck-probe      memcheck on the far-query probe and chunked-reduction tests, and the K = 1
@@ -83,6 +86,7 @@ if want build; then
     echo "== build: pointops/_C$suffix is there (FORCE_BUILD=1 rebuilds it)"
   else
     [ -f .devbuild/module.tgz.00 ] && echo "== build: .devbuild's module is not this tree's: building"
+    [ "${CLEAN_BUILD:-0}" = 1 ] && rm -rf build
     MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
       step build 420 python -m pip install --no-build-isolation --no-deps -e .
   fi
