@@ -13,9 +13,10 @@
 //            cell), invalid / non-finite points last in their half, values = their flat index
 //   sort     cub::DeviceRadixSort::SortPairs over the used key bits (stable): the references of
 //            each cell are contiguous and in index order; the queries are in cell order
-//            (the ball query's shared lists, clouds of <= 16384 points and queries: keys and sort
-//            in one launch, grid_keys_block_sort_kernel, a block per cloud and half; 1 enqueued
-//            operation instead of 11)
+//            (the ball query's shared lists, clouds of <= 16384 points and queries, 2 B <= the
+//            SM count, blocks that can opt in to ~68 KB of shared memory (not compute capability
+//            7.5): keys and sort in one launch, grid_keys_block_sort_kernel, a block per cloud and
+//            half; 1 enqueued operation instead of 11; use_block_sort)
 //   cells    grid_cells_kernel: the sorted reference coordinates gathered with their original index
 //            into one contiguous (B*M) array, and at each run start the cell's key -> [start, end)
 //            inserted into an open-addressing hash table (fmix64, atomicCAS, bounded linear probing,
