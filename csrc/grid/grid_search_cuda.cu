@@ -701,7 +701,7 @@ bool block_sort_ready() {
   static std::atomic<int> state[kMaxDevices];  // static storage: kUnknown
   const int device = c10::cuda::current_device();
   if (device < 0 || device >= kMaxDevices) return false;
-  int known = state[device].load(std::memory_order_relaxed);
+  int known = state[device].load(std::memory_order_acquire);  // pairs with the store below
   if (known == kUnknown) {
     int optin_bytes = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
@@ -712,7 +712,7 @@ bool block_sort_ready() {
                                           static_cast<int>(sizeof(BlockSortStorage))));
     }
     known = fits ? kReady : kUnavailable;
-    state[device].store(known, std::memory_order_relaxed);
+    state[device].store(known, std::memory_order_release);  // after the attribute is raised
   }
   return known == kReady;
 }
@@ -723,7 +723,7 @@ bool block_sort_ready() {
 // device-wide; and a device whose blocks can hold the kernel's shared memory.
 template <typename acc_t, int D>
 bool use_block_sort(int64_t B, int64_t N, int64_t M, int log2_cells) {
-  return std::max(M, N) <= kBlockSortItems && log2_cells <= kBlockSortMaxCellBits &&
+  return B > 0 && std::max(M, N) <= kBlockSortItems && log2_cells <= kBlockSortMaxCellBits &&
          2 * B <= multiprocessor_count() && block_sort_ready<acc_t, D>();
 }
 
