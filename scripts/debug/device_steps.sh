@@ -20,6 +20,9 @@
 #   racecheck-list-sizes  racecheck on the list-size ball test alone (its 16384-point clouds take the
 #                       per-cloud block sort, grid_keys_block_sort_kernel; ~1/4 of racecheck-ball)
 #   racecheck-particle  racecheck on the particle sums' two-targets-per-thread test
+#   memcheck-chamfer    memcheck on the CUDA tests of chamfer, chamfer_distance and voxelize (the
+#                       chamfer partials' single allocation, the loss kernel's and the look-back
+#                       scan's warp helpers)
 #   block-sort-bench    scripts/debug/block_sort_bench.cu (cub BlockRadixSort configurations, standalone)
 #   ball-tests          the CUDA ball-query tests of the grid and of test_neighbors.py
 #   check               grid_cuda_check.py check (random cases, grid vs brute bit for bit)
@@ -106,6 +109,11 @@ fi
 if want memcheck-particle; then
   step memcheck-particle 170 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
     tests/test_particle_sum.py -q -p no:cacheprovider -k "cuda and not compile"
+fi
+if want memcheck-chamfer; then
+  step memcheck-chamfer "${MEMCHECK_CHAMFER_S:-300}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python -m pytest tests/test_chamfer.py tests/test_chamfer_distance.py tests/test_voxelize.py -q \
+    -p no:cacheprovider -k "cuda and not compile"
 fi
 if want memcheck-probe; then
   step memcheck-probe 220 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
