@@ -268,7 +268,7 @@ __global__ void nearest_neighbor_finalize_kernel(Direction<scalar_t, at::opmath_
 // Host-side view of one direction: inputs are contiguous, outputs allocated.
 struct DirectionTensors {
   at::Tensor queries, refs, query_lengths, ref_lengths;
-  at::Tensor dist, idx;
+  at::Tensor dist, idx;  // allocated by allocate_outputs
   at::Tensor partials;  // bytes: the (num_splits, B, N) partial distances, then their int32 indices
   bool zero_unmatched = false;
   at::Tensor grid_choice, grid_dist, grid_idx;  // attach_grid_probe
@@ -309,6 +309,14 @@ Direction<scalar_t, at::opmath_type<scalar_t>> make_direction(DirectionTensors& 
   return d;
 }
 
+// The outputs (B, N) of a direction, where not yet allocated. After the search's launch where it
+// runs, so that a small call's GPU starts while the host allocates them (issue 19).
+void allocate_outputs(DirectionTensors& t) {
+  if (t.dist.defined()) return;
+  t.dist = at::empty({t.queries.size(0), t.queries.size(1)}, t.queries.options());
+  t.idx = at::empty({t.queries.size(0), t.queries.size(1)}, t.queries.options().dtype(at::kLong));
+}
+
 // Runs one or two directions (chamfer) with one search launch, then one finalize per direction.
 void nearest_neighbor_cuda_impl(DirectionTensors* dirs, int num_dirs, Metric metric) {
   const at::Tensor& x = dirs[0].queries;
@@ -344,6 +352,7 @@ void nearest_neighbor_cuda_impl(DirectionTensors* dirs, int num_dirs, Metric met
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
       for (int d = 0; d < num_dirs; ++d) {
+        allocate_outputs(dirs[d]);
         const int64_t total = B * dirs[d].queries.size(1);
         if (total == 0) continue;
         nearest_neighbor_finalize_kernel<scalar_t><<<grid_for(total, kThreads), kThreads, 0, stream>>>(
@@ -376,8 +385,6 @@ DirectionTensors make_direction_tensors(const at::Tensor& queries, const at::Ten
   t.refs = refs.contiguous();
   t.query_lengths = query_lengths;
   t.ref_lengths = ref_lengths;
-  t.dist = at::empty({queries.size(0), queries.size(1)}, queries.options());
-  t.idx = at::empty({queries.size(0), queries.size(1)}, queries.options().dtype(at::kLong));
   return t;
 }
 
@@ -407,6 +414,7 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_direction_cuda(const at::Ten
     if (probe_grid) attach_grid_probe(dirs[0], metric);
     nearest_neighbor_cuda_impl(dirs, 1, metric);
   }
+  allocate_outputs(dirs[0]);
   return {dirs[0].dist, dirs[0].idx};
 }
 
@@ -576,6 +584,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_cuda(
     }
     nearest_neighbor_cuda_impl(dirs, 2, metric);
   }
+  allocate_outputs(dirs[0]);
+  allocate_outputs(dirs[1]);
   return {dirs[0].dist, dirs[1].dist, dirs[0].idx, dirs[1].idx};
 }
 

@@ -147,6 +147,23 @@ __global__ void __launch_bounds__(kBackwardThreads)
   }
 }
 
+// grad_x and grad_y set to 0 in one launch (the backward kernel then adds into both): two
+// at::zeros were two dispatched fills in a host-bound step (issue 19). They stay two allocations:
+// one op's outputs must not alias (its schema says so, and opcheck checks it).
+template <typename acc_t>
+__global__ void __launch_bounds__(kBackwardThreads)
+    zero_two_kernel(acc_t* first, int64_t first_count, acc_t* second, int64_t second_count) {
+  const int64_t total = first_count + second_count;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (e < first_count) {
+      first[e] = acc_t(0);
+    } else {
+      second[e - first_count] = acc_t(0);
+    }
+  }
+}
+
 at::Tensor int64_lengths(const c10::optional<at::Tensor>& lengths) {
   if (!lengths.has_value() || !lengths->defined()) return at::Tensor();
   return lengths->to(at::kLong).contiguous();
@@ -213,9 +230,18 @@ std::tuple<at::Tensor, at::Tensor> chamfer_distance_backward_cuda(
   const int64_t B = x.size(0), N = x.size(1), M = y.size(1), dim = x.size(2);
   const c10::cuda::CUDAGuard guard(x.device());
   const auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor grad_x = at::zeros({B, N, dim}, x.options().dtype(acc_type));
-  at::Tensor grad_y = at::zeros({B, M, dim}, y.options().dtype(acc_type));
-  const int64_t total0 = B * N * dim, total = total0 + (both ? B * M * dim : 0);
+  const int64_t x_elems = B * N * dim, y_elems = B * M * dim;
+  at::Tensor grad_x = at::empty({B, N, dim}, x.options().dtype(acc_type));
+  at::Tensor grad_y = at::empty({B, M, dim}, y.options().dtype(acc_type));
+  if (x_elems + y_elems > 0) {
+    AT_DISPATCH_FLOATING_TYPES(acc_type, "chamfer_distance_backward_zero", [&] {
+      zero_two_kernel<scalar_t><<<grid_for(x_elems + y_elems, kBackwardThreads), kBackwardThreads, 0,
+                                  c10::cuda::getCurrentCUDAStream()>>>(grad_x.data_ptr<scalar_t>(), x_elems,
+                                                                       grad_y.data_ptr<scalar_t>(), y_elems);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  }
+  const int64_t total0 = x_elems, total = total0 + (both ? y_elems : 0);
   if (total > 0 && N > 0 && M > 0) {
     at::globalContext().alertNotDeterministic("pointops::_chamfer_distance_backward");
     const at::Tensor xl = int64_lengths(x_lengths), yl = int64_lengths(y_lengths), w = double_weights(weights);

@@ -20,6 +20,8 @@
 #   racecheck-list-sizes  racecheck on the list-size ball test alone (its 16384-point clouds take the
 #                       per-cloud block sort, grid_keys_block_sort_kernel; ~1/4 of racecheck-ball)
 #   racecheck-particle  racecheck on the particle sums' two-targets-per-thread test
+#   tests-19            the CUDA tests of chamfer, chamfer_distance and voxelize (not the compile ones)
+#   memcheck-19         memcheck on the CUDA tests of voxelize and chamfer_distance (MEMCHECK_19_S)
 #   memcheck-chamfer    memcheck on the CUDA tests of chamfer, chamfer_distance and voxelize (the
 #                       chamfer partials' single allocation, the loss kernel's and the look-back
 #                       scan's warp helpers)
@@ -109,6 +111,15 @@ fi
 if want memcheck-particle; then
   step memcheck-particle 170 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
     tests/test_particle_sum.py -q -p no:cacheprovider -k "cuda and not compile"
+fi
+if want tests-19; then
+  TAILN=3 step tests-19 "${TESTS_19_S:-150}" python -m pytest tests/test_chamfer.py tests/test_chamfer_distance.py \
+    tests/test_voxelize.py -q -p no:cacheprovider -k "cuda and not compile"
+fi
+if want memcheck-19; then
+  step memcheck-19 "${MEMCHECK_19_S:-250}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python -m pytest tests/test_voxelize.py tests/test_chamfer_distance.py -q -p no:cacheprovider \
+    -k "cuda and not compile"
 fi
 if want memcheck-chamfer; then
   step memcheck-chamfer "${MEMCHECK_CHAMFER_S:-300}" compute-sanitizer --tool memcheck --error-exitcode 9 \
