@@ -397,7 +397,9 @@ def test_ball_query_grid_routes(monkeypatch, capfd):
     Sparse: about one query per cell, mostly groups of < 4. All still equal brute force. The line
     also names the sort behind the lists: the per-cloud block sort for the sparse case (64 clouds of
     <= 16384 points: 128 blocks, one wave on a GPU of >= 128 SMs, and shared memory that compute
-    capability 7.5 cannot give a block), the device-wide sort for 40000 queries a cloud."""
+    capability 7.5 cannot give a block), the device-wide sort for 40000 queries a cloud and for 256
+    clouds (more blocks than a wave), and the block sort again for 2 clouds with the lists forced on
+    (one wave on any GPU: every GPU whose blocks can opt in to the shared memory asserts it)."""
     monkeypatch.delenv("POINTOPS_GRID_BALL_TILES", raising=False)
     monkeypatch.delenv("POINTOPS_GRID_BLOCK_SORT", raising=False)
     monkeypatch.setenv("POINTOPS_GRID_BALL_DEBUG", "1")
@@ -440,7 +442,6 @@ def test_ball_query_grid_routes(monkeypatch, capfd):
     # shared memory fits, so some case asserts it also on GPUs of fewer than 128 SMs
     monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", "1")
     routed(torch.rand(2, 3000, 3, generator=g).cuda(), torch.rand(2, 2000, 3, generator=g).cuda(), 16, 0.1)
-    monkeypatch.delenv("POINTOPS_GRID_BALL_TILES")
     monkeypatch.setenv("POINTOPS_GRID_BALL_TILES", "0")  # the warp per query alone: no work list, no line
     capfd.readouterr()
     pointops.ball_query(uniform_q, refs, K=64, radius=0.1, algorithm="grid")

@@ -265,7 +265,8 @@ __global__ void nearest_neighbor_finalize_kernel(Direction<scalar_t, at::opmath_
   }
 }
 
-// Host-side view of one direction: inputs are contiguous, outputs allocated.
+// Host-side view of one direction: inputs are contiguous; the outputs are allocated by
+// allocate_outputs, after the search launch.
 struct DirectionTensors {
   at::Tensor queries, refs, query_lengths, ref_lengths;
   at::Tensor dist, idx;  // allocated by allocate_outputs

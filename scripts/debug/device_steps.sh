@@ -53,6 +53,9 @@
 #                       tests, the same under memcheck, reserved memory over many calls
 #                       (chamfer_stream_memory.py), then the chamfer rounds
 #   STEPS="memcheck-ball racecheck-ball ball" scripts/debug/device_steps.sh
+# TESTS_19_S, MEMCHECK_CHAMFER_S and MEMCHECK_19_S set those steps' limits (defaults 150, 300, 250 s;
+# the eighth session of 2026-11-27 gave memcheck-chamfer 380 s and memcheck-19 320 s, and both were
+# cut at test_chamfer_distance.py's gradchecks).
 # MEMCHECK_BALL_S sets memcheck-ball's limit (default 200 s; the whole set needs 10-12 minutes, most of
 # it test_ball_query_gradcheck_and_gradgradcheck[grid-cuda]).
 set -uo pipefail
