@@ -136,7 +136,8 @@ def test_many_targets(device, kernel):
 def test_few_sources_two_targets_per_thread(kernel, C, complex_weights):
     """Sources that fit one tile and more targets than one wave of one-target blocks holds (> 2048
     threads per SM on any GPU) but fewer than 4096 per SM of a 132-SM H100: the two-targets-per-thread
-    variant there (complex weights: its other epilogue). 50 sources: a partial block of 64, the
+    variant there for the Gaussian and Laplace sums (complex weights: its other epilogue), one target
+    per thread for Helmholtz (whose pairs outweigh a shared source read). 50 sources: a partial block of 64, the
     unrolled remainder. Two clouds of a target count that is not a multiple of a block's 256; the
     checked targets include each cloud's first and last 300 (a write past the first cloud's end would
     land on the second's first targets; memcheck sees one past the last cloud's). Elsewhere the same

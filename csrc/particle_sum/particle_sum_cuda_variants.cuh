@@ -22,9 +22,13 @@ void launch_d3_variant(const LaunchArgs<T>& args, const at::TensorOptions& devic
 // half the blocks. The seed's 480,000 targets x 50 sources on an H100 (benchmarks/RESULTS.md, issue
 // 19): 3,750 one-target blocks (1.8 waves) 14.5 us, 1,875 two-target blocks (1.6 waves: 56 registers,
 // 9 blocks per SM) 13.4 us. With 500-1,500 sources the two variants measured within noise of each
-// other, either way by up to 10% (one run each on an H200), so those keep one target per thread.
-// POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD=1 or 2 forces either (debugging; read at the first call
-// of each kernel variant; other values are ignored).
+// other, either way by up to 10% (one run each on an H200), so those keep one target per thread. So
+// does Helmholtz, whose pairs (rsqrt, a Newton step, sincos) outweigh a shared source read: 480,000 x
+// 50 complex weights 34.6 us one per thread, 36.9-37.2 us two (H100, two runs of
+// scripts/debug/particle_targets_sweep.py; four per thread, tried there, was within 3% of two for
+// Gaussian and Laplace sums and 11% slower for this one, so it is not compiled).
+// POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD=1 or 2 forces either (debugging and that sweep; read at
+// the first call of each kernel variant; other values are ignored).
 template <ParticleKernel K, typename T, int R, bool MOM>
 void launch_d3_few(const LaunchArgs<T>& args, const at::TensorOptions& device, cudaStream_t stream) {
   static const int forced = [] {
@@ -39,7 +43,8 @@ void launch_d3_few(const LaunchArgs<T>& args, const at::TensorOptions& device, c
                          resident_blocks(reinterpret_cast<const void*>(one), kThreads, 0) * kThreads;
     return args.B * args.M > wave;
   };
-  if (forced == 2 || (forced != 1 && args.N <= kTile && beyond_one_wave())) {
+  constexpr bool kShareSources = K != ParticleKernel::Helmholtz;
+  if (forced == 2 || (forced != 1 && kShareSources && args.N <= kTile && beyond_one_wave())) {
     return launch_d3_variant<K, T, R, 2, MOM>(args, device, stream);
   }
   launch_d3_variant<K, T, R, 1, MOM>(args, device, stream);

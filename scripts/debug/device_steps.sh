@@ -244,8 +244,8 @@ fi
 if want profile-19; then
   # Issue 19's small GPU calls: the particle seed case and nuScenes voxelize, host vs kernels.
   TAILN=30 step profile-particle 90 python scripts/debug/profile_particle_sum.py
-  # the few-targets variants forced (one and two targets per thread), each in its own process
-  for q in 1 2; do
+  # the few-targets variants forced (one, two and four targets per thread), each in its own process
+  for q in 1 2 4; do
     TAILN=1 step "profile-particle-q$q" 60 env POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD=$q \
       python scripts/debug/profile_particle_sum.py
     grep "^seed" "$OUT/logs/profile-particle-q$q.log"
