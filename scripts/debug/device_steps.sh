@@ -44,6 +44,10 @@
 #   profile-19          profile_particle_sum.py (also with each few-targets variant forced) and
 #                       profile_voxelize.py (issue 19's small calls)
 #   ncu-particle        ncu on one launch of the particle seed case's kernel
+#   particle-sweep      particle_targets_sweep.py with 1 and 2 targets per thread forced and the rule,
+#                       each in its own process, two rounds
+#   memcheck-tests      memcheck on the test files in MEMCHECK_FILES, -k "$MEMCHECK_K" (default cuda);
+#                       limit MEMCHECK_TESTS_S (default 250)
 #   sass                cuobjdump -sass of the ball list kernel (float, D = 3)
 #   routes              test_ball_query_grid_routes (which path the ball queries take)
 #   grid-tests          the CUDA tests of test_grid_search.py and test_neighbors.py (GRID_TESTS_S)
@@ -244,13 +248,29 @@ fi
 if want profile-19; then
   # Issue 19's small GPU calls: the particle seed case and nuScenes voxelize, host vs kernels.
   TAILN=30 step profile-particle 90 python scripts/debug/profile_particle_sum.py
-  # the few-targets variants forced (one, two and four targets per thread), each in its own process
-  for q in 1 2 4; do
+  # the few-targets variants forced (one and two targets per thread), each in its own process
+  for q in 1 2; do
     TAILN=1 step "profile-particle-q$q" 60 env POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD=$q \
       python scripts/debug/profile_particle_sum.py
     grep "^seed" "$OUT/logs/profile-particle-q$q.log"
   done
   TAILN=40 step profile-voxelize 90 python scripts/debug/profile_voxelize.py
+fi
+if want particle-sweep; then
+  # Targets per thread of the few-targets particle kernels: each choice in its own process, two rounds.
+  for round in 1 2; do
+    for q in default 1 2; do
+      TAILN=0 step "particle-sweep-$round-q$q" 120 env POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD=$q \
+        python scripts/debug/particle_targets_sweep.py
+      grep -h "^q=\|Error" "$OUT/logs/particle-sweep-$round-q$q.log"
+    done
+  done
+fi
+if want memcheck-tests; then
+  # memcheck on the test files in MEMCHECK_FILES (space-separated), selected by -k "$MEMCHECK_K".
+  # shellcheck disable=SC2086
+  TAILN=6 step memcheck-tests "${MEMCHECK_TESTS_S:-250}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python -m pytest -q -p no:cacheprovider -rs $MEMCHECK_FILES -k "${MEMCHECK_K:-cuda}"
 fi
 if want ncu-particle; then
   # One launch of the seed case's kernel (480,000 targets x 50 sources): throughput, occupancy, stalls.
