@@ -81,6 +81,12 @@ step() {  # name, seconds, command...
   echo "   rc=$? ($(date +%T))"
   tail -n "${TAILN:-4}" "$OUT/logs/$name.log"
 }
+sanitize() {  # name, seconds, tool (memcheck | racecheck), -k expression, pytest arguments (files)...
+  local name=$1 limit=$2 tool=$3 expression=$4
+  shift 4
+  step "$name" "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 python -m pytest "$@" -q \
+    -p no:cacheprovider -k "$expression"
+}
 suffix=$(python -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 if want build; then
   # Test for the built module's file, never `import pointops`: without pointops/_C the import
@@ -116,26 +122,23 @@ if want save-module; then
   echo "== save-module: $(ls -l "$OUT"/devbuild | tail -n +2 | awk '{print $5, $9}' | tr '\n' ' ')"
 fi
 if want memcheck-particle; then
-  step memcheck-particle 170 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
-    tests/test_particle_sum.py -q -p no:cacheprovider -k "cuda and not compile"
+  sanitize memcheck-particle 170 memcheck "cuda and not compile" tests/test_particle_sum.py
 fi
 if want tests-19; then
   TAILN=3 step tests-19 "${TESTS_19_S:-150}" python -m pytest tests/test_chamfer.py tests/test_chamfer_distance.py \
     tests/test_voxelize.py -q -p no:cacheprovider -k "cuda and not compile"
 fi
 if want memcheck-19; then
-  step memcheck-19 "${MEMCHECK_19_S:-250}" compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python -m pytest tests/test_voxelize.py tests/test_chamfer_distance.py -q -p no:cacheprovider \
-    -k "cuda and not compile"
+  sanitize memcheck-19 "${MEMCHECK_19_S:-250}" memcheck "cuda and not compile" tests/test_voxelize.py \
+    tests/test_chamfer_distance.py
 fi
 if want memcheck-chamfer; then
-  step memcheck-chamfer "${MEMCHECK_CHAMFER_S:-300}" compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python -m pytest tests/test_chamfer.py tests/test_chamfer_distance.py tests/test_voxelize.py -q \
-    -p no:cacheprovider -k "cuda and not compile"
+  sanitize memcheck-chamfer "${MEMCHECK_CHAMFER_S:-300}" memcheck "cuda and not compile" tests/test_chamfer.py \
+    tests/test_chamfer_distance.py tests/test_voxelize.py
 fi
 if want memcheck-probe; then
-  step memcheck-probe 220 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
-    tests/test_grid_search.py tests/test_strided.py -q -p no:cacheprovider -k "probe or chunked or runs_of_every_length"
+  sanitize memcheck-probe 220 memcheck "probe or chunked or runs_of_every_length" tests/test_grid_search.py \
+    tests/test_strided.py
 fi
 if want probe; then
   # PROBE_CHAINS="0,1e6,4e6,1.6e7" sweeps the latency bound's cost (POINTOPS_GRID_PROBE_CHAIN)
@@ -148,26 +151,23 @@ if want reduce; then
   done
 fi
 if want memcheck-ball; then
-  step memcheck-ball "${MEMCHECK_BALL_S:-200}" compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
-    tests/test_grid_search.py tests/test_neighbors.py -q -p no:cacheprovider -k "ball and cuda and not compile"
+  sanitize memcheck-ball "${MEMCHECK_BALL_S:-200}" memcheck "ball and cuda and not compile" tests/test_grid_search.py \
+    tests/test_neighbors.py
 fi
 if want racecheck-ball; then
-  step racecheck-ball "${RACECHECK_BALL_S:-200}" compute-sanitizer --tool racecheck --error-exitcode 9 python -m pytest \
-    tests/test_grid_search.py -q -p no:cacheprovider \
-    -k "(cell_groups or crowded or dense_cells or list_sizes or lists_by_default) and cuda"
+  sanitize racecheck-ball "${RACECHECK_BALL_S:-200}" racecheck \
+    "(cell_groups or crowded or dense_cells or list_sizes or lists_by_default) and cuda" tests/test_grid_search.py
 fi
 if want memcheck-tiles; then
-  step memcheck-tiles "${MEMCHECK_TILES_S:-200}" compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
-    tests/test_grid_search.py -q -p no:cacheprovider \
-    -k "(cell_groups or crowded or dense_cells or list_sizes or lists_by_default) and cuda"
+  sanitize memcheck-tiles "${MEMCHECK_TILES_S:-200}" memcheck \
+    "(cell_groups or crowded or dense_cells or list_sizes or lists_by_default) and cuda" tests/test_grid_search.py
 fi
 if want racecheck-list-sizes; then
-  step racecheck-list-sizes "${RACECHECK_LIST_SIZES_S:-200}" compute-sanitizer --tool racecheck --error-exitcode 9 \
-    python -m pytest tests/test_grid_search.py -q -p no:cacheprovider -k "list_sizes and cuda"
+  sanitize racecheck-list-sizes "${RACECHECK_LIST_SIZES_S:-200}" racecheck "list_sizes and cuda" \
+    tests/test_grid_search.py
 fi
 if want racecheck-particle; then
-  step racecheck-particle 200 compute-sanitizer --tool racecheck --error-exitcode 9 python -m pytest \
-    tests/test_particle_sum.py -q -p no:cacheprovider -k "two_targets"
+  sanitize racecheck-particle 200 racecheck "two_targets" tests/test_particle_sum.py
 fi
 if want block-sort-bench; then
   TAILN=12 step block-sort-bench 120 bash -c "nvcc -O3 -std=c++17 -arch=sm_90 scripts/debug/block_sort_bench.cu \
@@ -209,8 +209,7 @@ if want streams; then
     -k "side_by_side or side_stream or probed_auto or (chamfer_grid_equals_brute and cuda)"
   TAILN=12 step streams-memory 60 python scripts/debug/chamfer_stream_memory.py
   TAILN=8 step chamfer 150 python scripts/debug/grid_cuda_check.py chamfer
-  TAILN=3 step streams-memcheck 200 compute-sanitizer --tool memcheck --error-exitcode 9 python -m pytest \
-    tests/test_grid_search.py -q -p no:cacheprovider -k "side_by_side or side_stream or probed_auto"
+  TAILN=3 sanitize streams-memcheck 200 memcheck "side_by_side or side_stream or probed_auto" tests/test_grid_search.py
 fi
 if want probe-lists; then
   # LIST_KS="16" LIST_FACTORS="1,2,4" sweeps the lists' factor (POINTOPS_GRID_PROBE_LIST_FACTOR)
@@ -222,15 +221,13 @@ if want lists-tests; then
     -p no:cacheprovider -k "(lists or knn) and cuda and not compile"
 fi
 if want memcheck-lists; then
-  TAILN=3 step memcheck-lists "${MEMCHECK_LISTS_S:-250}" compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python -m pytest tests/test_grid_search.py -q -p no:cacheprovider -k "lists and not graph"
+  TAILN=3 sanitize memcheck-lists "${MEMCHECK_LISTS_S:-250}" memcheck "lists and not graph" tests/test_grid_search.py
 fi
 if want racecheck-lists; then
   # ~1.5-2 minutes a test under racecheck: RACECHECK_LISTS_K selects a part of the 15 (default: the two
   # cases whose blob clouds the grid kernel skips; "lists and not graph" is the whole set)
-  TAILN=3 step racecheck-lists "${RACECHECK_LISTS_S:-250}" compute-sanitizer --tool racecheck --error-exitcode 9 \
-    python -m pytest tests/test_grid_search.py -q -p no:cacheprovider \
-    -k "${RACECHECK_LISTS_K:-lists and not graph and (4-dtype0-default or 16-dtype1-default)}"
+  TAILN=3 sanitize racecheck-lists "${RACECHECK_LISTS_S:-250}" racecheck \
+    "${RACECHECK_LISTS_K:-lists and not graph and (4-dtype0-default or 16-dtype1-default)}" tests/test_grid_search.py
 fi
 if want overhead; then
   TAILN=40 step overhead 200 python benchmarks/bench_overhead.py --device cuda
@@ -269,8 +266,7 @@ fi
 if want memcheck-tests; then
   # memcheck on the test files in MEMCHECK_FILES (space-separated), selected by -k "$MEMCHECK_K".
   # shellcheck disable=SC2086
-  TAILN=6 step memcheck-tests "${MEMCHECK_TESTS_S:-250}" compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python -m pytest -q -p no:cacheprovider -rs $MEMCHECK_FILES -k "${MEMCHECK_K:-cuda}"
+  TAILN=6 sanitize memcheck-tests "${MEMCHECK_TESTS_S:-250}" memcheck "${MEMCHECK_K:-cuda}" -rs $MEMCHECK_FILES
 fi
 if want ncu-particle; then
   # One launch of the seed case's kernel (480,000 targets x 50 sources): throughput, occupancy, stalls.
