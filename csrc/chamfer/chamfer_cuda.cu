@@ -269,7 +269,7 @@ __global__ void nearest_neighbor_finalize_kernel(Direction<scalar_t, at::opmath_
 // allocate_outputs, after the search launch.
 struct DirectionTensors {
   at::Tensor queries, refs, query_lengths, ref_lengths;
-  at::Tensor dist, idx;  // allocated by allocate_outputs
+  at::Tensor dist, idx;
   at::Tensor partials;  // bytes: the (num_splits, B, N) partial distances, then their int32 indices
   bool zero_unmatched = false;
   at::Tensor grid_choice, grid_dist, grid_idx;  // attach_grid_probe
