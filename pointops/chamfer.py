@@ -60,6 +60,7 @@ import torch
 from torch import Tensor
 
 from ._entry import eager_entry
+from ._transforms import _functorch_active
 
 __all__ = ["nearest_neighbor", "chamfer", "ChamferFunction", "fscore"]
 
@@ -210,20 +211,47 @@ class ChamferFunction(torch.autograd.Function):
     """Drop-in for ChamferDistancePytorch's ``chamfer_3DFunction``:
     ``dist1, dist2, idx1, idx2 = ChamferFunction.apply(x, y)`` (indices are int64 here).
     Same kernels and gradients as :func:`chamfer`; an optional third argument is its ``algorithm``
-    (``ChamferFunction.apply(x, y, "grid")``)."""
+    (``ChamferFunction.apply(x, y, "grid")``). Serves every way PyTorch differentiates: a backward
+    (itself differentiable), a ``jvp`` for forward mode, and a vmap rule that folds the vmapped
+    dimension into the clouds' batch."""
+
+    generate_vmap_rule = True  # forward, backward and jvp call ops with batching rules of their own
 
     @staticmethod
-    def forward(ctx, x, y, algorithm="auto"):
+    def forward(x, y, algorithm="auto"):
         _require_tensors(x=x, y=y)
-        dist1, dist2, idx1, idx2 = _CHAMFER(x, y, None, None, 2, algorithm)
+        return _CHAMFER(x, y, None, None, 2, algorithm)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, y = inputs[0], inputs[1]
+        _, _, idx1, idx2 = output
         ctx.save_for_backward(x, y, idx1, idx2)
+        ctx.save_for_forward(x, y, idx1, idx2)
         ctx.mark_non_differentiable(idx1, idx2)
-        return dist1, dist2, idx1, idx2
 
     @staticmethod
     def backward(ctx, grad_dist1, grad_dist2, grad_idx1, grad_idx2):
         x, y, idx1, idx2 = ctx.saved_tensors
         return (*_chamfer_grads(x, y, idx1, idx2, grad_dist1, grad_dist2), None)
+
+    @staticmethod
+    def jvp(ctx, tangent_x, tangent_y, _tangent_algorithm=None):
+        x, y, idx1, idx2 = ctx.saved_tensors
+        tangent_x = torch.zeros_like(x) if tangent_x is None else tangent_x
+        tangent_y = torch.zeros_like(y) if tangent_y is None else tangent_y
+        return (_distance_tangent(x, y, idx1, tangent_x, tangent_y),
+                _distance_tangent(y, x, idx2, tangent_y, tangent_x), None, None)
+
+
+def _distance_tangent(q, r, idx, tangent_q, tangent_r):
+    """The tangent of |q - r[idx]|^2 with the indices fixed (0 where idx is -1)."""
+    if r.shape[1] == 0:
+        return q.new_zeros(idx.shape)
+    index = idx.clamp(min=0).unsqueeze(-1).expand(-1, -1, q.shape[-1])
+    diff = q - r.gather(1, index)
+    d_diff = tangent_q - tangent_r.gather(1, index)
+    return torch.where(idx >= 0, (2 * diff * d_diff).sum(-1), 0.0)
 
 
 def _valid_mask(lengths: Tensor, n: int) -> Tensor:
@@ -232,8 +260,9 @@ def _valid_mask(lengths: Tensor, n: int) -> Tensor:
 
 
 def _checking_values() -> bool:
-    """Checks that read tensor values cost a host sync and break a torch.compile graph: eager only."""
-    return not torch.compiler.is_compiling()
+    """Checks that read tensor values cost a host sync and break a torch.compile graph, and vmap
+    cannot batch them: eager only, outside torch.func transforms (the kernels still check lengths)."""
+    return not (torch.compiler.is_compiling() or _functorch_active())
 
 
 def _check_fscore_dist(dist, name: str, layout: str) -> None:

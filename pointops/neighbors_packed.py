@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ._transforms import refuse_under_vmap
 from .chamfer import _require_tensors
 from .neighbors import _check_count, ball_query, knn_gather, knn_points, sample_farthest_points
 
@@ -119,6 +120,8 @@ def knn(x: Tensor, y: Tensor, k: int, batch_x: Optional[Tensor] = None, batch_y:
     """
     _check_points(x, y)
     _check_count("k", k)
+    refuse_under_vmap("knn", "a cloud with fewer than k points, or with NaN points, has fewer edges; stack the samples "
+                      "as more clouds of the batch vectors, or use pointops.knn_points (padded clouds), which vmap batches")
     x_clouds, y_clouds = _clouds((x, _batch_vector(batch_x, x, "batch_x", "x"), "batch_x"),
                                  (y, _batch_vector(batch_y, y, "batch_y", "y"), "batch_y"))
     if x_clouds.num_clouds == 0:
@@ -143,6 +146,8 @@ def radius(x: Tensor, y: Tensor, r: float, batch_x: Optional[Tensor] = None, bat
     """
     _check_points(x, y)
     _check_count("max_num_neighbors", max_num_neighbors)
+    refuse_under_vmap("radius", "stack the samples as more clouds of the batch vectors, or use pointops.ball_query "
+                      "(padded clouds), which vmap batches")
     x_clouds, y_clouds = _clouds((x, _batch_vector(batch_x, x, "batch_x", "x"), "batch_x"),
                                  (y, _batch_vector(batch_y, y, "batch_y", "y"), "batch_y"))
     if x_clouds.num_clouds == 0:
@@ -167,6 +172,8 @@ def fps(x: Tensor, batch: Optional[Tensor] = None, ratio: float = 0.5, random_st
         raise ValueError(f"x must be a 2-D tensor (N, D), got shape {tuple(x.shape)}")
     if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 < ratio <= 1:
         raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
+    refuse_under_vmap("fps", "clouds with NaN points have fewer samples; stack the samples as more clouds of the batch "
+                      "vector, or use pointops.sample_farthest_points (padded clouds), which vmap batches")
     (clouds,) = _clouds((x, _batch_vector(batch, x, "batch", "x"), "batch"))
     if clouds.num_clouds == 0:
         return torch.empty(0, dtype=torch.int64, device=x.device)

@@ -78,6 +78,8 @@ import torch
 from torch import Tensor, nn
 
 from ._entry import eager_entry
+from ._particle_sum_function import ParticleSumFunction
+from ._transforms import transform_active
 
 __all__ = ["particle_sum", "ParticleSum", "KERNELS"]
 
@@ -165,6 +167,8 @@ def particle_sum(targets: Tensor, sources: Tensor, weights: Tensor, kernel: str 
         >>> f = pointops.particle_sum(x, y, c, "gaussian", sigma=0.1)      # (1000,)
     """
     _check_tensors(targets, sources, weights)
+    if transform_active():  # forward mode and torch.func: pointops/_particle_sum_function.py
+        return ParticleSumFunction.apply(targets, sources, weights, kernel, sigma, wavenumber)
     return _PARTICLE_SUM(targets, sources, weights, kernel, sigma, wavenumber)
 
 

@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from ._entry import eager_entry
+from ._transforms import transform_active
 
 __all__ = ["map", "zip", "reduce", "matmul", "MAP_FNS", "ZIP_FNS", "REDUCE_FNS"]
 
@@ -73,6 +74,9 @@ def _refuse_grad_with_out(name: str, *tensors: Tensor) -> None:
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         raise RuntimeError(f"{name}(): out= does not support automatic differentiation (an input or out "
                            "requires grad); call it without out= or under torch.no_grad()")
+    if transform_active():
+        raise RuntimeError(f"{name}(): out= is not supported under torch.func transforms or forward-mode AD "
+                           "(it writes in place); call it without out=")
 
 
 def map(x: Tensor, fn: str, *, out: Optional[Tensor] = None) -> Tensor:

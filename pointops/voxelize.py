@@ -70,7 +70,6 @@ class Voxels(NamedTuple):
 _VOXELIZE = eager_entry(torch.ops.pointops.voxelize.default)
 _VOXELIZE_PADDED = eager_entry(torch.ops.pointops.voxelize_padded.default)
 _VOXEL_FEATURES = eager_entry(torch.ops.pointops.voxel_features.default)
-_VOXEL_FEATURES_BACKWARD = eager_entry(torch.ops.pointops._voxel_features_backward.default)
 _new_tuple = tuple.__new__
 
 
@@ -200,7 +199,10 @@ def voxelize(points: Tensor, voxel_size: FloatSeq, point_range: FloatSeq, max_po
             voxel_size / point_range values, non-positive or non-finite voxel size, min >= max,
             caps < 1, or a grid whose flattened cell key would overflow int64.
 
-    Not differentiable (the outputs carry no gradient); use :func:`voxel_features` for gradients.
+    Differentiable in ``points`` through ``voxels`` (each kept point's gradient is its slot's) and
+    ``features`` (each kept point gets 1 / count of its voxel's gradient), in every mode (backward,
+    forward mode, torch.func; not vmap: V depends on the values). The assignment to voxels is
+    piecewise constant and has no gradient; dropped points get 0.
     """
     if _plain_arguments(points, batch, voxel_size, point_range):
         vs, pr = voxel_size, point_range
@@ -384,55 +386,5 @@ def _voxel_features_backward_fake(grad_features, points, point_to_voxel, num_poi
     torch._check(grad_features.shape == features.shape, lambda: "grad_features must match features")
     return torch.empty_like(points, memory_format=torch.contiguous_format)
 
-
-# ---- Autograd for voxel_features (the other outputs are integer: no gradient) ----
-
-def _voxel_features_setup_context(ctx, inputs, output):
-    points, _batch, _voxel_size, _point_range, reduce = inputs
-    features, _coords, num_points, point_to_voxel = output
-    ctx.reduce = reduce
-    ctx.save_for_backward(points, point_to_voxel, num_points, features)
-
-
-def _voxel_features_backward(ctx, grad_features, _grad_coords, _grad_num_points, _grad_point_to_voxel):
-    points, point_to_voxel, num_points, features = ctx.saved_tensors
-    if grad_features is None:
-        return None, None, None, None, None
-    grad_points = _VOXEL_FEATURES_BACKWARD(
-        grad_features, points, point_to_voxel, num_points, features, ctx.reduce)
-    return grad_points, None, None, None, None
-
-
-torch.library.register_autograd("pointops::voxel_features", _voxel_features_backward,
-                                setup_context=_voxel_features_setup_context)
-
-
-# ---- Autograd of the backward (double backward) ----
-# For every reduction the backward has the form grad_points[i, k] = w[i, k] * grad_features[v(i), k],
-# with w = 1 (sum), 1 / count (mean) or 1 for the point that gave the maximum (max), and v(i) =
-# point_to_voxel[i]. It is linear in grad_features, with adjoint
-#   d/d grad_features[v, k] = sum_{i : v(i) = v} w[i, k] u[i, k]
-# for the upstream gradient u, and w is the backward applied to ones. w is piecewise constant in
-# the points (for max, the winning point changes only at ties), so d/d points = 0 almost everywhere.
-
-def _voxel_features_backward_setup_context(ctx, inputs, output):
-    grad_features, points, point_to_voxel, num_points, features, reduce = inputs
-    ctx.reduce = reduce
-    ctx.save_for_backward(grad_features, points, point_to_voxel, num_points, features)
-
-
-def _voxel_features_double_backward(ctx, upstream):
-    grad_features, points, point_to_voxel, num_points, features = ctx.saved_tensors
-    if upstream is None:
-        return None, None, None, None, None, None
-    weight = _VOXEL_FEATURES_BACKWARD(
-        torch.ones_like(features), points, point_to_voxel, num_points, features, ctx.reduce)
-    inside = point_to_voxel >= 0
-    # index_put_ with accumulate=True is deterministic under torch.use_deterministic_algorithms.
-    d_grad_features = torch.zeros_like(grad_features).index_put_(
-        (point_to_voxel[inside],), (upstream * weight)[inside], accumulate=True)
-    return d_grad_features, None, None, None, None, None
-
-
-torch.library.register_autograd("pointops::_voxel_features_backward", _voxel_features_double_backward,
-                                setup_context=_voxel_features_backward_setup_context)
+# Autograd (voxel_features' backward, and the derivatives of voxelize's voxels and features) is C++:
+# csrc/voxelize/voxelize_autograd.cpp.

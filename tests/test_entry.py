@@ -61,8 +61,6 @@ def _calls():
         (lambda: pointops.voxelize(x[0], vs, pr, 4, 8, padded=True), vx, "_VOXELIZE_PADDED",
          OPS.voxelize_padded.default),
         (lambda: pointops.voxel_features(x[0], vs, pr), vx, "_VOXEL_FEATURES", OPS.voxel_features.default),
-        (lambda: torch.autograd.grad(pointops.voxel_features(xg[0], vs, pr).features.sum(), xg), vx,
-         "_VOXEL_FEATURES_BACKWARD", OPS._voxel_features_backward.default),
     ]
 
 

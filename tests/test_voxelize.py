@@ -506,14 +506,16 @@ def test_opcheck(device, batched):
     ops = torch.ops.pointops
     torch.library.opcheck(ops.voxelize.default, (points, batch, VOXEL, RANGE, 3, 20))
     torch.library.opcheck(ops.voxelize_padded.default, (points, batch, VOXEL, RANGE, 3, 20))
-    # Not differentiable: with points that require grad the outputs carry no gradient (the ops fall
-    # through the Autograd key), which opcheck's autograd-registration check accepts.
+    # Differentiable in the points through voxels and features (the kept points and their mean); the
+    # integer outputs carry no gradient.
     with_grad = points.double().requires_grad_()
     torch.library.opcheck(ops.voxelize.default, (with_grad, batch, VOXEL, RANGE, 3, 20))
     torch.library.opcheck(ops.voxelize_padded.default, (with_grad, batch, VOXEL, RANGE, 3, 20))
     for padded in (False, True):
         out = pointops.voxelize(with_grad, VOXEL, RANGE, 3, 20, batch=batch, padded=padded)
-        assert not any(t.requires_grad for t in out if t is not None)
+        assert out.voxels.requires_grad and out.features.requires_grad
+        assert not any(t.requires_grad for t in (out.coords, out.num_points, out.point_to_voxel, out.num_voxels)
+                       if t is not None)
     for reduce in ("mean", "sum", "max"):
         p64 = points.double().requires_grad_()
         torch.library.opcheck(ops.voxel_features.default, (p64, batch, VOXEL, RANGE, reduce))

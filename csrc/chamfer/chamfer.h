@@ -50,6 +50,12 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_op(const at::Tensor
                                                                 const at::Tensor& y, const at::Tensor& idx,
                                                                 int64_t norm);
 
+// Makes the backward of dist = d(x, y[idx]) (idx (B, N) or (B, N, K), indices fixed) dist's grad_fn:
+// the reverse mode of nearest_neighbor, knn_points and ball_query, for an Autograd kernel that
+// computed dist below autograd and found x or y requiring grad (csrc/chamfer/chamfer_autograd.cpp).
+void record_distances_backward(const at::Tensor& x, const at::Tensor& y, int64_t norm, at::Tensor& dist,
+                               const at::Tensor& idx);
+
 // The two metrics of the search and the loss. The enum values are the `norm` argument of the ops.
 enum class Metric : int { kL1 = 1, kSquaredL2 = 2 };
 

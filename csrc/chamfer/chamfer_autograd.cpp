@@ -1,34 +1,71 @@
-// Autograd for nearest_neighbor / chamfer and for their backward op, in C++: a Python autograd
-// wrapper costs ~100 us of host time per call, more than the whole GPU forward of a typical training
-// batch. The backward calls the _nearest_neighbor_backward op, so torch.compile traces it through
-// the fake kernels, and double backward goes through that op's own autograd below.
+// Autograd for the distance ops -- nearest_neighbor, chamfer, and (csrc/neighbors) knn_points and
+// ball_query -- and for their backward op, in C++: a Python autograd wrapper costs ~100 us of host
+// time per call, more than the whole GPU forward of a typical training batch.
+//
+// Reverse mode records hand-made nodes (common/autograd_node.h): the kernel runs below autograd and
+// DistancesBackward, whose backward is the _nearest_neighbor_backward op, becomes the distances'
+// grad_fn. The backward op records a node of its own, so double backward (and any order) works, in
+// plain autograd and at every level of the torch.func transforms alike; torch.compile traces them
+// through the fake kernels. Forward-mode tangents take the path of common/transforms.h: the search
+// on detached inputs, the derivatives from the gathered distances (common/gathered_distances.h).
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <string>
 #include <tuple>
 
+#include "chamfer/chamfer.h"
+#include "chamfer/chamfer_ops.h"
+#include "common/autograd_node.h"
+#include "common/gathered_distances.h"
+#include "common/transforms.h"
+
 namespace pointops {
-namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using OptionalTensor = c10::optional<at::Tensor>;
-
-}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_op(const at::Tensor& grad_dist, const at::Tensor& x,
                                                                 const at::Tensor& y, const at::Tensor& idx,
                                                                 int64_t norm) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("pointops::_nearest_neighbor_backward", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                 const at::Tensor&, const at::Tensor&, int64_t)>();
-  return op.call(grad_dist.contiguous(), x, y, idx, norm);
+  return nearest_neighbor_backward_handle().call(grad_dist.contiguous(), x, y, idx, norm);
 }
 
 namespace {
+
+using torch::autograd::SavedVariable;
+using torch::autograd::variable_list;
+
+// The backward of distances d(q, r[idx]) with the indices fixed, for the one or two directions of a
+// call with inputs (x, y): direction 1 has queries x and references y (idx1), direction 2 the other
+// way round (idx2, chamfer only). Gradients in, one per distance output; (grad_x, grad_y) out.
+struct DistancesBackward : torch::autograd::Node {
+  DistancesBackward(const at::Tensor& x, const at::Tensor& y, const at::Tensor& idx1, const at::Tensor& idx2,
+                    int64_t norm, const char* name)
+      : x_(x, false), y_(y, false), idx1_(idx1, false), idx2_(idx2, false), norm_(norm), name_(name) {}
+
+  variable_list apply(variable_list&& grads) override {
+    const at::Tensor x = x_.unpack(), y = y_.unpack();
+    at::Tensor grad_x, grad_y;
+    if (grads[0].defined()) std::tie(grad_x, grad_y) = nearest_neighbor_backward_op(grads[0], x, y, idx1_.unpack(), norm_);
+    if (grads.size() > 1 && grads[1].defined()) {
+      auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grads[1], y, x, idx2_.unpack(), norm_);
+      grad_x = grad_x.defined() ? add_gradients(grad_x, grad_x2) : grad_x2;
+      grad_y = grad_y.defined() ? add_gradients(grad_y, grad_y2) : grad_y2;
+    }
+    return {grad_x, grad_y};
+  }
+
+  std::string name() const override { return name_; }
+
+  void release_variables() override {
+    x_.reset_data();
+    y_.reset_data();
+    idx1_.reset_data();
+    idx2_.reset_data();
+  }
+
+  SavedVariable x_, y_, idx1_, idx2_;
+  int64_t norm_;
+  std::string name_;
+};
 
 // The backward op is differentiable too (double backward: gradient penalties, meta-learning).
 // With d' the metric's derivative and the indices fixed,
@@ -38,21 +75,13 @@ namespace {
 //   squared L2 (d' = 2 diff): d/dx = 2 g v and d/dy = -scatter(2 g v), which is this same op
 //   applied to (g, u_x, u_y); L1 (d' = sign, d'' = 0 almost everywhere): d/dx = d/dy = 0.
 // Everything here goes through differentiable ops, so any order of derivative works.
-class NearestNeighborBackwardFunction : public torch::autograd::Function<NearestNeighborBackwardFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& grad_dist, const at::Tensor& x,
-                               const at::Tensor& y, const at::Tensor& idx, int64_t norm) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [grad_x, grad_y] = nearest_neighbor_backward_op(grad_dist, x, y, idx, norm);
-    ctx->save_for_backward({grad_dist, x, y, idx});
-    ctx->saved_data["norm"] = norm;
-    return {grad_x, grad_y};
-  }
+struct NearestNeighborBackwardBackward : torch::autograd::Node {
+  NearestNeighborBackwardBackward(const at::Tensor& grad_dist, const at::Tensor& x, const at::Tensor& y,
+                                  const at::Tensor& idx, int64_t norm)
+      : grad_dist_(grad_dist, false), x_(x, false), y_(y, false), idx_(idx, false), norm_(norm) {}
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &grad_dist = saved[0], &x = saved[1], &y = saved[2], &idx = saved[3];
-    const int64_t norm = ctx->saved_data["norm"].toInt();
+  variable_list apply(variable_list&& grads) override {
+    const at::Tensor grad_dist = grad_dist_.unpack(), x = x_.unpack(), y = y_.unpack(), idx = idx_.unpack();
     const at::Tensor u_x = grads[0].defined() ? grads[0] : at::zeros_like(x);
     const at::Tensor u_y = grads[1].defined() ? grads[1] : at::zeros_like(y);
     at::Tensor d_grad_dist, d_x, d_y;
@@ -73,94 +102,49 @@ class NearestNeighborBackwardFunction : public torch::autograd::Function<Nearest
       const at::Tensor x_pairs = x.reshape(query_shape), u_x_pairs = u_x.reshape(query_shape);
       const at::Tensor v = u_x_pairs - u_y.gather(1, gather_index).view(point_shape);
       const at::Tensor diff = x_pairs - y.gather(1, gather_index).view(point_shape);
-      const at::Tensor derivative = norm == 2 ? diff * 2 : at::sign(diff);
+      const at::Tensor derivative = norm_ == 2 ? diff * 2 : at::sign(diff);
       d_grad_dist = at::where(matched, (v * derivative).sum(-1), at::zeros_like(grad_dist));
     }
-    if (norm == 2) {
-      std::tie(d_x, d_y) = nearest_neighbor_backward_op(grad_dist, u_x, u_y, idx, norm);
+    if (norm_ == 2) {
+      std::tie(d_x, d_y) = nearest_neighbor_backward_op(grad_dist, u_x, u_y, idx, norm_);
     } else {
       d_x = at::zeros_like(x);
       d_y = at::zeros_like(y);
     }
-    return {d_grad_dist, d_x, d_y, at::Tensor(), at::Tensor()};
+    return {d_grad_dist, d_x, d_y};
   }
+
+  std::string name() const override { return "NearestNeighborBackwardBackward"; }
+
+  void release_variables() override {
+    grad_dist_.reset_data();
+    x_.reset_data();
+    y_.reset_data();
+    idx_.reset_data();
+  }
+
+  SavedVariable grad_dist_, x_, y_, idx_;
+  int64_t norm_;
 };
-
-class NearestNeighborFunction : public torch::autograd::Function<NearestNeighborFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
-                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths, int64_t norm,
-                               c10::string_view algorithm) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("pointops::nearest_neighbor", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                   const OptionalTensor&, const OptionalTensor&,
-                                                                   int64_t, c10::string_view)>();
-    auto [dist, idx] = op.call(x, y, x_lengths, y_lengths, norm, algorithm);
-    ctx->save_for_backward({x, y, idx});
-    ctx->saved_data["norm"] = norm;
-    ctx->mark_non_differentiable({idx});
-    return {dist, idx};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    auto [grad_x, grad_y] =
-        nearest_neighbor_backward_op(grads[0], saved[0], saved[1], saved[2], ctx->saved_data["norm"].toInt());
-    return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-class ChamferFunction : public torch::autograd::Function<ChamferFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
-                               const OptionalTensor& x_lengths, const OptionalTensor& y_lengths, int64_t norm,
-                               c10::string_view algorithm) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("pointops::chamfer", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                             const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
-                             int64_t, c10::string_view)>();
-    auto [dist1, dist2, idx1, idx2] = op.call(x, y, x_lengths, y_lengths, norm, algorithm);
-    ctx->save_for_backward({x, y, idx1, idx2});
-    ctx->saved_data["norm"] = norm;
-    ctx->mark_non_differentiable({idx1, idx2});
-    return {dist1, dist2, idx1, idx2};
-  }
-
-  // dist1 = |x - y[idx1]|^2 feeds x directly and y through the match; dist2 the other way round.
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &y = saved[1], &idx1 = saved[2], &idx2 = saved[3];
-    const int64_t norm = ctx->saved_data["norm"].toInt();
-    auto [grad_x1, grad_y1] = nearest_neighbor_backward_op(grads[0], x, y, idx1, norm);
-    auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grads[1], y, x, idx2, norm);
-    return {grad_x1.add_(grad_x2), grad_y1.add_(grad_y2), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-// Calls that need no graph (no_grad, inputs that do not require grad) skip the autograd node and
-// go straight to the backend kernel: the node's bookkeeping is a third of a small call's host time.
-bool needs_graph(const at::Tensor& x, const at::Tensor& y) {
-  return at::GradMode::is_enabled() && (x.requires_grad() || y.requires_grad());
-}
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_autograd(c10::DispatchKeySet ks, const at::Tensor& x,
                                                              const at::Tensor& y, const OptionalTensor& x_lengths,
                                                              const OptionalTensor& y_lengths, int64_t norm,
                                                              c10::string_view algorithm) {
-  if (!needs_graph(x, y)) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("pointops::nearest_neighbor", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                   const OptionalTensor&, const OptionalTensor&,
-                                                                   int64_t, c10::string_view)>();
-    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, y, x_lengths, y_lengths, norm, algorithm);
+  if (any_has_forward_grad({&x, &y})) {  // forward mode: common/transforms.h
+    auto [dist, idx] =
+        nearest_neighbor_handle().call(detached(x), detached(y), x_lengths, y_lengths, norm, algorithm);
+    return {distances_with_derivatives(dist, x, y, idx, norm), idx};
   }
-  auto out = NearestNeighborFunction::apply(x, y, x_lengths, y_lengths, norm, algorithm);
-  return {out[0], out[1]};
+  if (!needs_backward({&x, &y})) {
+    return nearest_neighbor_handle().redispatch(below_autograd(ks), x, y, x_lengths, y_lengths, norm, algorithm);
+  }
+  auto [dist, idx] = [&] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return nearest_neighbor_handle().redispatch(below_autograd(ks), x, y, x_lengths, y_lengths, norm, algorithm);
+  }();
+  record_distances_backward(x, y, norm, dist, idx);
+  return {dist, idx};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_autograd(c10::DispatchKeySet ks,
@@ -168,34 +152,71 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> chamfer_autograd(c10:
                                                                             const OptionalTensor& x_lengths,
                                                                             const OptionalTensor& y_lengths,
                                                                             int64_t norm, c10::string_view algorithm) {
-  if (!needs_graph(x, y)) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("pointops::chamfer", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                             const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
-                             int64_t, c10::string_view)>();
-    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, x, y, x_lengths, y_lengths, norm, algorithm);
+  if (any_has_forward_grad({&x, &y})) {
+    auto [dist1, dist2, idx1, idx2] =
+        chamfer_handle().call(detached(x), detached(y), x_lengths, y_lengths, norm, algorithm);
+    return {distances_with_derivatives(dist1, x, y, idx1, norm), distances_with_derivatives(dist2, y, x, idx2, norm),
+            idx1, idx2};
   }
-  auto out = ChamferFunction::apply(x, y, x_lengths, y_lengths, norm, algorithm);
-  return {out[0], out[1], out[2], out[3]};
+  if (!needs_backward({&x, &y})) {
+    return chamfer_handle().redispatch(below_autograd(ks), x, y, x_lengths, y_lengths, norm, algorithm);
+  }
+  auto [dist1, dist2, idx1, idx2] = [&] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return chamfer_handle().redispatch(below_autograd(ks), x, y, x_lengths, y_lengths, norm, algorithm);
+  }();
+  record_backward(make_node<DistancesBackward>(x, y, idx1, idx2, norm, "ChamferBackward"), {&dist1, &dist2}, x, y);
+  return {dist1, dist2, idx1, idx2};
+}
+
+// The backward op's value as ATen ops, for its tangents in forward mode:
+// grad_x[q] = sum_k g[q, k] d'(x[q] - y[idx q k]); grad_y[r] = -(the same terms of the pairs matched to r).
+std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_formula(const at::Tensor& grad_dist, const at::Tensor& x,
+                                                                     const at::Tensor& y, const at::Tensor& idx,
+                                                                     int64_t norm) {
+  const int64_t B = x.size(0), D = x.size(2), M = y.size(1);
+  if (M == 0 || idx.numel() == 0) return {at::zeros_like(x), at::zeros_like(y)};
+  auto pair_shape = idx.sizes().vec();
+  pair_shape.push_back(D);
+  const at::Tensor index = idx.clamp(0, M - 1).reshape({B, -1, 1}).expand({B, -1, D});
+  const at::Tensor queries = idx.dim() == 3 ? x.unsqueeze(2) : x;
+  const at::Tensor diff = queries - y.gather(1, index).view(pair_shape);
+  const at::Tensor derivative = norm == 2 ? diff * 2 : at::sign(diff);
+  const at::Tensor matched = ((idx >= 0) & (idx < M)).unsqueeze(-1);
+  const at::Tensor terms = at::where(matched, grad_dist.unsqueeze(-1) * derivative, at::zeros({}, x.options()));
+  const at::Tensor grad_x = idx.dim() == 3 ? terms.sum(2) : terms;
+  const at::Tensor grad_y = at::zeros_like(y).scatter_add(1, index, -terms.reshape({B, -1, D}));
+  return {grad_x, grad_y};
 }
 
 std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_autograd(c10::DispatchKeySet ks, const at::Tensor& grad_dist,
                                                                       const at::Tensor& x, const at::Tensor& y,
                                                                       const at::Tensor& idx, int64_t norm) {
-  // A first-order backward (no create_graph) runs with grad mode off: no node for it.
-  if (!at::GradMode::is_enabled() || !(grad_dist.requires_grad() || x.requires_grad() || y.requires_grad())) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("pointops::_nearest_neighbor_backward", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                   const at::Tensor&, const at::Tensor&, int64_t)>();
-    return op.redispatch(ks & c10::after_ADInplaceOrView_keyset, grad_dist, x, y, idx, norm);
+  if (any_has_forward_grad({&grad_dist, &x, &y})) {
+    auto [grad_x, grad_y] =
+        nearest_neighbor_backward_handle().call(detached(grad_dist), detached(x), detached(y), idx, norm);
+    auto [formula_x, formula_y] = nearest_neighbor_backward_formula(grad_dist, x, y, idx, norm);
+    return {with_derivatives_of(grad_x, formula_x), with_derivatives_of(grad_y, formula_y)};
   }
-  auto out = NearestNeighborBackwardFunction::apply(grad_dist, x, y, idx, norm);
-  return {out[0], out[1]};
+  // A first-order backward (no create_graph) runs with grad mode off: no node for it.
+  if (!needs_backward({&grad_dist, &x, &y})) {
+    return nearest_neighbor_backward_handle().redispatch(below_autograd(ks), grad_dist, x, y, idx, norm);
+  }
+  auto [grad_x, grad_y] = [&] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return nearest_neighbor_backward_handle().redispatch(below_autograd(ks), grad_dist, x, y, idx, norm);
+  }();
+  record_backward(make_node<NearestNeighborBackwardBackward>(grad_dist, x, y, idx, norm), {&grad_x, &grad_y},
+                  grad_dist, x, y);
+  return {grad_x, grad_y};
 }
 
 }  // namespace
+
+void record_distances_backward(const at::Tensor& x, const at::Tensor& y, int64_t norm, at::Tensor& dist,
+                               const at::Tensor& idx) {
+  record_backward(make_node<DistancesBackward>(x, y, idx, at::Tensor(), norm, "DistancesBackward"), {&dist}, x, y);
+}
 
 TORCH_LIBRARY_IMPL(pointops, Autograd, m) {
   m.impl("nearest_neighbor", &nearest_neighbor_autograd);

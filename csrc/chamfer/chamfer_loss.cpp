@@ -19,6 +19,10 @@
 
 #include "chamfer/chamfer.h"
 #include "chamfer/chamfer_loss.h"
+#include "chamfer/chamfer_ops.h"
+#include "common/autograd_node.h"
+#include "common/transforms.h"
+#include "common/vmap.h"
 
 namespace pointops {
 
@@ -28,9 +32,8 @@ std::tuple<at::Tensor, at::Tensor> nearest_neighbor_backward_op(const at::Tensor
 
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
-using OptionalTensor = c10::optional<at::Tensor>;
 
 // Everything the forward computes and the backward needs.
 struct Pieces {
@@ -82,6 +85,13 @@ at::Tensor batch_reduce(const at::Tensor& per_cloud, BatchReduction br, const at
   return per_cloud.sum() / at::where(weight_sum > 0, weight_sum, at::ones_like(weight_sum));
 }
 
+// sqrt(d) for d >= 0 whose derivative at 0 is taken as 1 instead of infinite (the point's
+// 2 (x - y) is 0 there anyway): no NaN gradient for a point sitting on its neighbour.
+at::Tensor sqrt_zero_grad_at_zero(const at::Tensor& d) {
+  const at::Tensor positive = d > 0;
+  return at::where(positive, at::where(positive, d, at::ones_like(d)).sqrt(), d);
+}
+
 // One direction's distances as the loss sees them: 0 where the partner cloud is empty (the kernel
 // reports +inf there), sqrt'ed when not squared.
 at::Tensor loss_distances(const at::Tensor& dist, const OptionalTensor& partner_lengths, int64_t partner_size,
@@ -92,7 +102,7 @@ at::Tensor loss_distances(const at::Tensor& dist, const OptionalTensor& partner_
   } else if (partner_size == 0) {
     d = at::zeros_like(d);
   }
-  return squared ? d : d.sqrt();  // d >= 0; sqrt(0) = 0
+  return squared ? d : sqrt_zero_grad_at_zero(d);
 }
 
 // ---- the CPU path: the same arithmetic as plain loops (a torch reduction's setup costs
@@ -307,27 +317,20 @@ std::tuple<at::Tensor, at::Tensor> chamfer_distance_backward_cpu(
   return {grad_x, grad_y};
 }
 
+// differentiable: the loss is built from torch ops on the search ops' (differentiable) distances,
+// never the fused reduction op, which has no derivatives (forward mode, torch.func, vmap).
 Pieces forward_pieces(const at::Tensor& x, const at::Tensor& y, const OptionalTensor& x_lengths,
                       const OptionalTensor& y_lengths, const OptionalTensor& weights, bool point_mean,
-                      BatchReduction br, int64_t norm, bool single, bool squared, c10::string_view algorithm) {
+                      BatchReduction br, int64_t norm, bool single, bool squared, c10::string_view algorithm,
+                      bool differentiable = false) {
   Pieces p;
   const at::Tensor& w = defined_or_empty(weights);
   if (single) {
-    static auto nn = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("pointops::nearest_neighbor", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                   const OptionalTensor&, const OptionalTensor&,
-                                                                   int64_t, c10::string_view)>();
-    std::tie(p.dist1, p.idx1) = nn.call(x, y, x_lengths, y_lengths, norm, algorithm);
+    std::tie(p.dist1, p.idx1) = nearest_neighbor_handle().call(x, y, x_lengths, y_lengths, norm, algorithm);
   } else {
-    static auto ch = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("pointops::chamfer", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                             const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
-                             int64_t, c10::string_view)>();
-    std::tie(p.dist1, p.dist2, p.idx1, p.idx2) = ch.call(x, y, x_lengths, y_lengths, norm, algorithm);
+    std::tie(p.dist1, p.dist2, p.idx1, p.idx2) = chamfer_handle().call(x, y, x_lengths, y_lengths, norm, algorithm);
   }
-  if (fusable(x) && fusable(p.dist1)) {  // one op: loops on the CPU, one launch on CUDA
+  if (!differentiable && fusable(x) && fusable(p.dist1)) {  // one op: loops on the CPU, one launch on CUDA
     static auto loss = c10::Dispatcher::singleton()
                            .findSchemaOrThrow("pointops::_chamfer_distance_loss", "")
                            .typed<at::Tensor(const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
@@ -385,35 +388,26 @@ at::Tensor torch_direction_grad(const at::Tensor& g, const at::Tensor& x, const 
   return grad * at::where(positive, 0.5 / at::where(positive, root, at::ones_like(root)), at::ones_like(root));
 }
 
-class ChamferDistanceFunction : public torch::autograd::Function<ChamferDistanceFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
-                            const OptionalTensor& x_lengths, const OptionalTensor& y_lengths,
-                            const OptionalTensor& weights, c10::string_view point_reduction,
-                            c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single, bool squared,
-                            c10::string_view algorithm) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    const BatchReduction br = parse_batch_reduction(batch_reduction);
-    Pieces p = forward_pieces(x, y, x_lengths, y_lengths, weights, parse_point_mean(point_reduction), br, norm,
-                              single, squared, algorithm);
-    ctx->save_for_backward({x, y, p.dist1, p.dist2, p.idx1, p.idx2, defined_or_empty(x_lengths),
-                            defined_or_empty(y_lengths), defined_or_empty(weights)});
-    // one entry (each costs a hashed string key): batch reduction, norm, and three flags
-    ctx->saved_data["options"] = static_cast<int64_t>(br) | norm << 2 | int64_t{parse_point_mean(point_reduction)} << 4 |
-                                 int64_t{single} << 5 | int64_t{squared} << 6;
-    return p.loss;
-  }
+// The loss's backward, a hand-made node (common/autograd_node.h): in plain autograd and under the
+// torch.func transforms alike. Without a graph of the backward wanted it is one op (loops on the
+// CPU, one launch on CUDA); CUDA under deterministic algorithms, a backward that is itself
+// differentiated (create_graph, and every torch.func transform) and vmapped gradients take the
+// torch ops and the backward op, which are differentiable and batch.
+struct ChamferDistanceBackward : torch::autograd::Node {
+  ChamferDistanceBackward(const at::Tensor& x, const at::Tensor& y, const Pieces& p, const OptionalTensor& x_lengths,
+                          const OptionalTensor& y_lengths, const OptionalTensor& weights, BatchReduction br,
+                          int64_t norm, bool mean, bool single, bool squared)
+      : x_(x, false), y_(y, false), dist1_(p.dist1, false), dist2_(p.dist2, false), idx1_(p.idx1, false),
+        idx2_(p.idx2, false), x_lengths_(defined_or_empty(x_lengths), false),
+        y_lengths_(defined_or_empty(y_lengths), false), weights_(defined_or_empty(weights), false), br_(br),
+        norm_(norm), mean_(mean), single_(single), squared_(squared) {}
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const at::Tensor &x = s[0], &y = s[1], &idx1 = s[4], &idx2 = s[5], &xl = s[6], &yl = s[7], &w = s[8];
-    const int64_t options = ctx->saved_data["options"].toInt();
-    const auto br = static_cast<BatchReduction>(options & 3);
-    const int64_t norm = (options >> 2) & 3;
-    const bool mean = options >> 4 & 1, single = options >> 5 & 1, squared = options >> 6 & 1;
-    // No graph of the backward wanted: one op (loops on the CPU, one launch on CUDA). CUDA under
-    // deterministic algorithms takes the torch ops and the sort-based backward op instead.
-    if (!at::GradMode::is_enabled() && fusable(x) && fusable(s[2]) && fusable(grads[0]) &&
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    const at::Tensor x = x_.unpack(), y = y_.unpack(), dist1 = dist1_.unpack(), dist2 = dist2_.unpack();
+    const at::Tensor idx1 = idx1_.unpack(), idx2 = idx2_.unpack(), xl = x_lengths_.unpack(), yl = y_lengths_.unpack();
+    const at::Tensor w = weights_.unpack();
+    if (!at::GradMode::is_enabled() && fusable(x) && fusable(dist1) && fusable(grads[0]) &&
         !(x.is_cuda() && at::globalContext().deterministicAlgorithms())) {
       static auto fused = c10::Dispatcher::singleton()
                               .findSchemaOrThrow("pointops::_chamfer_distance_backward", "")
@@ -423,58 +417,81 @@ class ChamferDistanceFunction : public torch::autograd::Function<ChamferDistance
                                   const OptionalTensor&, const OptionalTensor&, const OptionalTensor&,
                                   c10::string_view, c10::optional<c10::string_view>, int64_t, bool)>();
       auto [grad_x, grad_y] =
-          fused.call(grads[0], x, y, s[2], idx1, single ? OptionalTensor() : OptionalTensor(s[3]),
-                     single ? OptionalTensor() : OptionalTensor(idx2), optional_of(xl), optional_of(yl), optional_of(w),
-                     point_reduction_name(mean), batch_reduction_name(br), norm, squared);
-      return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-              at::Tensor(), at::Tensor(), at::Tensor()};
+          fused.call(grads[0], x, y, dist1, idx1, single_ ? OptionalTensor() : OptionalTensor(dist2),
+                     single_ ? OptionalTensor() : OptionalTensor(idx2), optional_of(xl), optional_of(yl),
+                     optional_of(w), point_reduction_name(mean_), batch_reduction_name(br_), norm_, squared_);
+      return {grad_x, grad_y};
     }
-    const at::Tensor g = cloud_grad(grads[0], br, w, x.size(0));
-    const at::Tensor grad_d1 = torch_direction_grad(g, x, y, idx1, s[2], xl, yl, w, mean, squared);
-    at::Tensor grad_d2;
-    if (!single) grad_d2 = torch_direction_grad(g, y, x, idx2, s[3], yl, xl, w, mean, squared);
-    auto [grad_x, grad_y] = nearest_neighbor_backward_op(grad_d1, x, y, idx1, norm);
-    if (!single) {
-      auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grad_d2, y, x, idx2, norm);
-      grad_x.add_(grad_x2);  // fresh tensors of the backward op (autograd records this when building a graph)
-      grad_y.add_(grad_y2);
+    const at::Tensor g = cloud_grad(grads[0], br_, w, x.size(0));
+    const at::Tensor grad_d1 = torch_direction_grad(g, x, y, idx1, dist1, xl, yl, w, mean_, squared_);
+    auto [grad_x, grad_y] = nearest_neighbor_backward_op(grad_d1, x, y, idx1, norm_);
+    if (!single_) {
+      const at::Tensor grad_d2 = torch_direction_grad(g, y, x, idx2, dist2, yl, xl, w, mean_, squared_);
+      auto [grad_y2, grad_x2] = nearest_neighbor_backward_op(grad_d2, y, x, idx2, norm_);
+      // fresh tensors of the backward op (autograd records this when building a graph)
+      grad_x = add_gradients(grad_x, grad_x2);
+      grad_y = add_gradients(grad_y, grad_y2);
     }
-    return {grad_x, grad_y, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x, grad_y};
   }
+
+  std::string name() const override { return "ChamferDistanceBackward"; }
+
+  void release_variables() override {
+    for (SavedVariable* v : {&x_, &y_, &dist1_, &dist2_, &idx1_, &idx2_, &x_lengths_, &y_lengths_, &weights_}) {
+      v->reset_data();
+    }
+  }
+
+  SavedVariable x_, y_, dist1_, dist2_, idx1_, idx2_, x_lengths_, y_lengths_, weights_;
+  BatchReduction br_;
+  int64_t norm_;
+  bool mean_, single_, squared_;
 };
 
-// Below autograd (every backend, fake tensors included): the composite forward.
-at::Tensor chamfer_distance_composite(const at::Tensor& x, const at::Tensor& y, const OptionalTensor& x_lengths,
-                                      const OptionalTensor& y_lengths, const OptionalTensor& weights,
-                                      c10::string_view point_reduction,
-                                      c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single,
-                                      bool squared, c10::string_view algorithm) {
+// The loss's value: below autograd the composite forward (every backend, fake tensors included);
+// differentiable, torch ops over the search ops called with autograd, whose distances then carry
+// tangents (forward mode).
+template <bool differentiable>
+at::Tensor chamfer_distance_value(const at::Tensor& x, const at::Tensor& y, const OptionalTensor& x_lengths,
+                                  const OptionalTensor& y_lengths, const OptionalTensor& weights,
+                                  c10::string_view point_reduction, c10::optional<c10::string_view> batch_reduction,
+                                  int64_t norm, bool single, bool squared, c10::string_view algorithm) {
   return forward_pieces(x, y, x_lengths, y_lengths, weights, parse_point_mean(point_reduction),
-                        parse_batch_reduction(batch_reduction), norm, single, squared, algorithm)
+                        parse_batch_reduction(batch_reduction), norm, single, squared, algorithm, differentiable)
       .loss;
 }
 
-at::Tensor chamfer_distance_autograd(c10::DispatchKeySet ks, const at::Tensor& x, const at::Tensor& y,
+at::Tensor chamfer_distance_autograd(const at::Tensor& x, const at::Tensor& y,
                                      const OptionalTensor& x_lengths, const OptionalTensor& y_lengths,
                                      const OptionalTensor& weights, c10::string_view point_reduction,
                                      c10::optional<c10::string_view> batch_reduction, int64_t norm, bool single,
                                      bool squared, c10::string_view algorithm) {
-  TORCH_CHECK(!(weights.has_value() && weights->defined() && weights->requires_grad()),
-              "_chamfer_distance: weights that require grad take chamfer_distance's general path");
-  if (!at::GradMode::is_enabled() || !(x.requires_grad() || y.requires_grad())) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return chamfer_distance_composite(x, y, x_lengths, y_lengths, weights, point_reduction, batch_reduction, norm,
-                                      single, squared, algorithm);
-  }
-  return ChamferDistanceFunction::apply(x, y, x_lengths, y_lengths, weights, point_reduction, batch_reduction, norm,
+  const at::Tensor& w = defined_or_empty(weights);
+  // Forward mode: the composite with the search ops called through autograd, which give their
+  // distances tangents (common/transforms.h).
+  if (any_has_forward_grad({&x, &y, &w})) {
+    return chamfer_distance_value<true>(x, y, x_lengths, y_lengths, weights, point_reduction, batch_reduction, norm,
                                         single, squared, algorithm);
+  }
+  TORCH_CHECK(!(w.defined() && w.requires_grad() && at::GradMode::is_enabled()),
+              "_chamfer_distance: weights that require grad take chamfer_distance's general path");
+  at::AutoDispatchBelowADInplaceOrView guard;
+  const BatchReduction br = parse_batch_reduction(batch_reduction);
+  const bool mean = parse_point_mean(point_reduction);
+  Pieces p = forward_pieces(x, y, x_lengths, y_lengths, weights, mean, br, norm, single, squared, algorithm);
+  if (needs_backward({&x, &y})) {
+    record_backward(make_node<ChamferDistanceBackward>(x, y, p, x_lengths, y_lengths, weights, br, norm, mean, single,
+                                                       squared),
+                    {&p.loss}, x, y);
+  }
+  return p.loss;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pointops, CompositeExplicitAutograd, m) {
-  m.impl("_chamfer_distance", &chamfer_distance_composite);
+  m.impl("_chamfer_distance", &chamfer_distance_value<false>);
 }
 
 TORCH_LIBRARY_IMPL(pointops, CPU, m) {
@@ -483,5 +500,42 @@ TORCH_LIBRARY_IMPL(pointops, CPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(pointops, Autograd, m) { m.impl("_chamfer_distance", &chamfer_distance_autograd); }
+
+// vmap (common/vmap.h): the samples folded into the clouds' batch, one call of the loss without a
+// batch reduction, then each sample's reduction over its own clouds.
+at::Tensor chamfer_distance_batched(const at::Tensor& x, const at::Tensor& y, const OptionalTensor& x_lengths,
+                                    const OptionalTensor& y_lengths, const OptionalTensor& weights,
+                                    c10::string_view point_reduction, c10::optional<c10::string_view> batch_reduction,
+                                    int64_t norm, bool single, bool squared, c10::string_view algorithm) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("pointops::_chamfer_distance", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
+                            const OptionalTensor&, c10::string_view, c10::optional<c10::string_view>, int64_t, bool,
+                            bool, c10::string_view)>();
+  const BatchFold f({&x, &y, &value_or_undefined(x_lengths), &value_or_undefined(y_lengths),
+                     &value_or_undefined(weights)});
+  if (!f.any_batched()) {
+    return op.call(x, y, x_lengths, y_lengths, weights, point_reduction, batch_reduction, norm, single, squared,
+                   algorithm);
+  }
+  const int64_t B = f.require_clouds(x, y, "x", "y");
+  const at::Tensor per_cloud = op.call(f.fold(x), f.fold(y), f.fold(x_lengths), f.fold(y_lengths), f.fold(weights),
+                                       point_reduction, c10::nullopt, norm, single, squared, algorithm);
+  const BatchReduction br = parse_batch_reduction(batch_reduction);
+  if (br == BatchReduction::None) return f.unfold(per_cloud, B);
+  at::Tensor per_sample = per_cloud.reshape({f.size(), B}).sum(1);
+  if (br == BatchReduction::Mean && B > 0) {  // an empty mean is the empty sum, 0
+    if (weights.has_value() && weights->defined()) {
+      const at::Tensor weight_sum = as_type(f.front(*weights).sum(1), per_sample.scalar_type());
+      per_sample = per_sample / at::where(weight_sum > 0, weight_sum, at::ones_like(weight_sum));
+    } else {
+      per_sample = per_sample / static_cast<double>(B);
+    }
+  }
+  return f.batched_front(per_sample);
+}
+
+TORCH_LIBRARY_IMPL(pointops, FuncTorchBatched, m) { m.impl("_chamfer_distance", &chamfer_distance_batched); }
 
 }  // namespace pointops

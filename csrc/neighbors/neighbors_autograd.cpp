@@ -1,85 +1,58 @@
 // Autograd for knn_points and ball_query, in C++ (a Python autograd kernel is entered on every call,
 // even under no_grad, and costs more host time than a small search). Both return distances
-// d(p1[i], p2[idx[i, k]]) with the indices fixed, so their gradient is the nearest-neighbour
-// backward over (B, N, K) indices, which is itself differentiable (any order of derivative).
+// d(p1[i], p2[idx[i, k]]) with the indices fixed, so their reverse mode is the nearest-neighbour
+// backward over (B, N, K) indices (record_distances_backward, csrc/chamfer/chamfer_autograd.cpp),
+// itself differentiable to any order, and their forward mode the path of common/transforms.h: the
+// search on detached inputs, the tangents from the gathered distances.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include "chamfer/chamfer.h"
+#include "common/autograd_node.h"
+#include "common/gathered_distances.h"
+#include "common/transforms.h"
+#include "neighbors/neighbors_ops.h"
 
 namespace pointops {
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using OptionalTensor = c10::optional<at::Tensor>;
-
-variable_list save_and_return(AutogradContext* ctx, const at::Tensor& p1, const at::Tensor& p2, at::Tensor dists,
-                              at::Tensor idx, int64_t norm) {
-  ctx->save_for_backward({p1, p2, idx});
-  ctx->saved_data["norm"] = norm;
-  ctx->mark_non_differentiable({idx});
+std::tuple<at::Tensor, at::Tensor> knn_points_autograd(c10::DispatchKeySet ks, const at::Tensor& p1,
+                                                       const at::Tensor& p2, const OptionalTensor& lengths1,
+                                                       const OptionalTensor& lengths2, int64_t K, int64_t norm,
+                                                       c10::string_view algorithm) {
+  if (any_has_forward_grad({&p1, &p2})) {
+    auto [dists, idx] = knn_points_handle().call(detached(p1), detached(p2), lengths1, lengths2, K, norm, algorithm);
+    return {distances_with_derivatives(dists, p1, p2, idx, norm), idx};
+  }
+  if (!needs_backward({&p1, &p2})) {
+    return knn_points_handle().redispatch(below_autograd(ks), p1, p2, lengths1, lengths2, K, norm, algorithm);
+  }
+  auto [dists, idx] = [&] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return knn_points_handle().redispatch(below_autograd(ks), p1, p2, lengths1, lengths2, K, norm, algorithm);
+  }();
+  record_distances_backward(p1, p2, norm, dists, idx);
   return {dists, idx};
 }
 
-// grad_p1, grad_p2 and no gradient for the other arguments (lengths, K, norm or radius, algorithm).
-variable_list distances_backward(AutogradContext* ctx, const variable_list& grads) {
-  const auto saved = ctx->get_saved_variables();
-  auto [grad_p1, grad_p2] =
-      nearest_neighbor_backward_op(grads[0], saved[0], saved[1], saved[2], ctx->saved_data["norm"].toInt());
-  return {grad_p1, grad_p2, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-}
-
-class KnnPointsFunction : public torch::autograd::Function<KnnPointsFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& p1, const at::Tensor& p2,
-                               const OptionalTensor& lengths1, const OptionalTensor& lengths2, int64_t K,
-                               int64_t norm, c10::string_view algorithm) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("pointops::knn_points", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                   const OptionalTensor&, const OptionalTensor&,
-                                                                   int64_t, int64_t, c10::string_view)>();
-    auto [dists, idx] = op.call(p1, p2, lengths1, lengths2, K, norm, algorithm);
-    return save_and_return(ctx, p1, p2, dists, idx, norm);
+std::tuple<at::Tensor, at::Tensor> ball_query_autograd(c10::DispatchKeySet ks, const at::Tensor& p1,
+                                                       const at::Tensor& p2, const OptionalTensor& lengths1,
+                                                       const OptionalTensor& lengths2, int64_t K, double radius,
+                                                       c10::string_view algorithm) {
+  if (any_has_forward_grad({&p1, &p2})) {
+    auto [dists, idx] =
+        ball_query_handle().call(detached(p1), detached(p2), lengths1, lengths2, K, radius, algorithm);
+    return {distances_with_derivatives(dists, p1, p2, idx, /*norm=*/2), idx};
   }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) { return distances_backward(ctx, grads); }
-};
-
-class BallQueryFunction : public torch::autograd::Function<BallQueryFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& p1, const at::Tensor& p2,
-                               const OptionalTensor& lengths1, const OptionalTensor& lengths2, int64_t K,
-                               double radius, c10::string_view algorithm) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("pointops::ball_query", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                   const OptionalTensor&, const OptionalTensor&,
-                                                                   int64_t, double, c10::string_view)>();
-    auto [dists, idx] = op.call(p1, p2, lengths1, lengths2, K, radius, algorithm);
-    return save_and_return(ctx, p1, p2, dists, idx, /*norm=*/2);  // squared Euclidean distances
+  if (!needs_backward({&p1, &p2})) {
+    return ball_query_handle().redispatch(below_autograd(ks), p1, p2, lengths1, lengths2, K, radius, algorithm);
   }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) { return distances_backward(ctx, grads); }
-};
-
-std::tuple<at::Tensor, at::Tensor> knn_points_autograd(const at::Tensor& p1, const at::Tensor& p2,
-                                                       const OptionalTensor& lengths1, const OptionalTensor& lengths2,
-                                                       int64_t K, int64_t norm, c10::string_view algorithm) {
-  auto out = KnnPointsFunction::apply(p1, p2, lengths1, lengths2, K, norm, algorithm);
-  return {out[0], out[1]};
-}
-
-std::tuple<at::Tensor, at::Tensor> ball_query_autograd(const at::Tensor& p1, const at::Tensor& p2,
-                                                       const OptionalTensor& lengths1, const OptionalTensor& lengths2,
-                                                       int64_t K, double radius, c10::string_view algorithm) {
-  auto out = BallQueryFunction::apply(p1, p2, lengths1, lengths2, K, radius, algorithm);
-  return {out[0], out[1]};
+  auto [dists, idx] = [&] {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return ball_query_handle().redispatch(below_autograd(ks), p1, p2, lengths1, lengths2, K, radius, algorithm);
+  }();
+  record_distances_backward(p1, p2, /*norm=*/2, dists, idx);  // squared Euclidean distances
+  return {dists, idx};
 }
 
 }  // namespace

@@ -9,12 +9,17 @@
 // the sum, from the same pair values) when targets require grad. The kernels are
 // symmetric in their two points, so no other pass is needed. Each pass is O(M N) time, O(M + N)
 // memory. sigma and wavenumber are Python floats: no gradient.
+// Forward-mode AD and the torch.func transforms go through pointops/_particle_sum_function.py (a
+// torch.autograd.Function with jvp and a generated vmap rule over this op's batching rule): the
+// derivatives here are no ATen formula (that would form the M x N matrix), and functorch refuses a
+// C++ autograd::Function. This op refuses them with a clear error instead of a missing tangent.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <string>
 
+#include "common/transforms.h"
 #include "particle_sum/particle_sum.h"
 
 namespace pointops {
@@ -205,6 +210,9 @@ class ParticleSumFunction : public torch::autograd::Function<ParticleSumFunction
 
 at::Tensor particle_sum_autograd(const at::Tensor& targets, const at::Tensor& sources, const at::Tensor& weights,
                                  c10::string_view kernel, OptionalDouble sigma, OptionalDouble wavenumber) {
+  if (any_differentiated_by_transform({&targets, &sources, &weights})) {
+    refuse_transform("particle_sum", "call pointops.particle_sum, which serves forward mode and torch.func");
+  }
   // Nothing to differentiate: skip the autograd node (host time matters for small calls).
   if (!at::GradMode::is_enabled() || !(targets.requires_grad() || sources.requires_grad() || weights.requires_grad())) {
     at::AutoDispatchBelowADInplaceOrView guard;

@@ -12,6 +12,9 @@
 //   reduce: sum broadcasts g; prod multiplies g by the product of the other elements (exact with
 //         zeros); max / min share g evenly between the elements equal to the result (torch.amax).
 //   matmul: g b^T and a^T g over transposed views (no copies), summed over broadcast batch dims.
+// Forward-mode AD and the torch.func transforms take the path of common/transforms.h: the kernel's
+// value below autograd, the derivatives of the same function written with torch's ops (the strided
+// ops' contract is torch's semantics: torch.exp, torch.add, torch.amax, torch.matmul, ...).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -20,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/transforms.h"
 #include "strided/strided.h"
 
 namespace pointops {
@@ -66,9 +70,6 @@ at::Tensor reduce_op(const at::Tensor& x, at::OptionalIntArrayRef dim, c10::stri
   return reduce_handle().call(x, dim, fn, keepdim);
 }
 at::Tensor matmul_op(const at::Tensor& a, const at::Tensor& b) { return matmul_handle().call(a, b); }
-
-// The keys below autograd: a call that needs no graph goes straight to the backend kernel.
-c10::DispatchKeySet below_autograd(c10::DispatchKeySet ks) { return ks & c10::after_ADInplaceOrView_keyset; }
 
 bool needs_graph(std::initializer_list<const at::Tensor*> inputs) {
   if (!at::GradMode::is_enabled()) return false;
@@ -279,24 +280,91 @@ class MatmulFunction : public torch::autograd::Function<MatmulFunction> {
   }
 };
 
+// ---- each op as torch ops: the derivative formulas of the transform path
+at::Tensor map_formula(const at::Tensor& x, MapFn fn) {
+  switch (fn) {
+    case MapFn::Id: return x;
+    case MapFn::Neg: return at::neg(x);
+    case MapFn::Exp: return at::exp(x);
+    case MapFn::Log: return at::log(x);
+    case MapFn::Sigmoid: return at::sigmoid(x);
+    case MapFn::Relu: return at::relu(x);
+    case MapFn::Inv: return at::reciprocal(x);
+    case MapFn::Tanh: return at::tanh(x);
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown map fn");
+}
+
+// Undefined for the comparisons: piecewise constant, their derivative is 0 (the kernel's value is
+// returned as it is).
+at::Tensor zip_formula(const at::Tensor& a, const at::Tensor& b, ZipFn fn) {
+  switch (fn) {
+    case ZipFn::Add: return at::add(a, b);
+    case ZipFn::Sub: return at::sub(a, b);
+    case ZipFn::Mul: return at::mul(a, b);
+    case ZipFn::Div: return at::div(a, b);
+    case ZipFn::Max: return at::maximum(a, b);
+    case ZipFn::Min: return at::minimum(a, b);
+    case ZipFn::Pow: return at::pow(a, b);
+    case ZipFn::ReluBack: return at::where(a > 0, b, at::zeros({}, b.options()));
+    case ZipFn::LogBack: return at::div(b, a);
+    case ZipFn::InvBack: return at::div(at::neg(b), at::mul(a, a));
+    case ZipFn::Lt:
+    case ZipFn::Eq:
+    case ZipFn::IsClose: return at::Tensor();
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown zip fn");
+}
+
+at::Tensor reduce_formula(const at::Tensor& x, at::OptionalIntArrayRef dim, ReduceFn fn, bool keepdim) {
+  const DimList dims = reduced_dims(x, dim);
+  if (dims.empty()) return x;  // a 0-dim x: the identity
+  switch (fn) {
+    case ReduceFn::Sum: return at::sum(x, dims, keepdim);
+    case ReduceFn::Max: return at::amax(x, dims, keepdim);
+    case ReduceFn::Min: return at::amin(x, dims, keepdim);
+    case ReduceFn::Prod: {  // torch.prod takes one dim at a time
+      at::Tensor p = x;
+      for (int64_t d : dims) p = at::prod(p, d, /*keepdim=*/true);
+      return p.reshape(reduce_output_shape(x, dims, keepdim));
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown reduce fn");
+}
+
 // ---- the Autograd-key kernels: no node when nothing needs a gradient
 at::Tensor map_autograd(c10::DispatchKeySet ks, const at::Tensor& x, c10::string_view fn) {
+  if (differentiated_by_transform(x)) {  // common/transforms.h
+    return with_derivatives_of(map_handle().call(detached(x), fn), map_formula(x, parse_map_fn(fn)));
+  }
   if (!needs_graph({&x})) return map_handle().redispatch(below_autograd(ks), x, fn);
   return MapFunction::apply(x, fn);
 }
 
 at::Tensor zip_autograd(c10::DispatchKeySet ks, const at::Tensor& a, const at::Tensor& b, c10::string_view fn) {
+  if (any_differentiated_by_transform({&a, &b})) {
+    const at::Tensor value = zip_handle().call(detached(a), detached(b), fn);
+    const at::Tensor formula = zip_formula(a, b, parse_zip_fn(fn));
+    return formula.defined() ? with_derivatives_of(value, formula) : value;
+  }
   if (!needs_graph({&a, &b})) return zip_handle().redispatch(below_autograd(ks), a, b, fn);
   return ZipFunction::apply(a, b, fn);
 }
 
 at::Tensor reduce_autograd(c10::DispatchKeySet ks, const at::Tensor& x, at::OptionalIntArrayRef dim,
                            c10::string_view fn, bool keepdim) {
+  if (differentiated_by_transform(x)) {
+    return with_derivatives_of(reduce_handle().call(detached(x), dim, fn, keepdim),
+                               reduce_formula(x, dim, parse_reduce_fn(fn), keepdim));
+  }
   if (!needs_graph({&x})) return reduce_handle().redispatch(below_autograd(ks), x, dim, fn, keepdim);
   return ReduceFunction::apply(x, dim, fn, keepdim);
 }
 
 at::Tensor matmul_autograd(c10::DispatchKeySet ks, const at::Tensor& a, const at::Tensor& b) {
+  if (any_differentiated_by_transform({&a, &b})) {
+    return with_derivatives_of(matmul_handle().call(detached(a), detached(b)), at::matmul(a, b));
+  }
   if (!needs_graph({&a, &b})) return matmul_handle().redispatch(below_autograd(ks), a, b);
   return MatmulFunction::apply(a, b);
 }
