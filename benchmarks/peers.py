@@ -9,7 +9,13 @@ into pointops or committed. `load_pytorch3d()` / `load_torch_cluster()` JIT-buil
 The wrappers below take the module plus the arguments of the peer's public Python function and do
 what that function does around its CUDA call (default lengths / batch pointers, dtype casts, the
 sort of PyTorch3D's knn_points), so a timing covers the same work as calling the peer library.
+
+PyTorch3D's loss is timed as PyTorch3D itself runs it: its own `pytorch3d/ops/knn.py` and
+`pytorch3d/loss/chamfer.py`, copied unmodified into `.peers/pytorch3d/python/pytorch3d/` beside a
+stub `structures/pointclouds.py` (the loss only isinstance-checks that class), import the binding as
+`pytorch3d._C` (`load_pytorch3d_chamfer_distance()`).
 """
+import sys
 from pathlib import Path
 
 import torch
@@ -37,6 +43,20 @@ def _build(name, root, csrc, sources, extra_ldflags=()):
 def load_pytorch3d():
     """PyTorch3D's KNearestNeighborIdxCuda / BallQueryCuda / FarthestPointSamplingCuda, or None."""
     return _build("pytorch3d_peer", PYTORCH3D_DIR, PYTORCH3D_DIR / "csrc", PYTORCH3D_SOURCES)
+
+
+def load_pytorch3d_chamfer_distance():
+    """PyTorch3D's own ``pytorch3d.loss.chamfer_distance`` over its CUDA kernels, or None."""
+    module = load_pytorch3d()
+    python = PYTORCH3D_DIR / "python"
+    if module is None or not (python / "pytorch3d" / "loss" / "chamfer.py").exists():
+        return None
+    sys.path.insert(0, str(python))
+    import pytorch3d
+    pytorch3d._C = module
+    sys.modules["pytorch3d._C"] = module
+    from pytorch3d.loss.chamfer import chamfer_distance
+    return chamfer_distance
 
 
 def load_torch_cluster():
