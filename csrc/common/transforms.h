@@ -8,7 +8,7 @@
 //   values below autograd, and the derivatives come from an ATen formula of the same quantity
 //   (with_derivatives_of). functorch refuses a C++ autograd::Function and forward mode ignores one,
 //   so neither ever sees one: every transform, nested to any depth, differentiates the ATen formula.
-// vmap goes through a batching rule per op (csrc/<family>/<family>_vmap.cpp) that folds the vmapped
+// vmap goes through a batching rule per op (csrc/<family>/<family>_autograd.cpp) that folds the vmapped
 // dimension into the op's own batch: one call for every sample, no per-sample loop.
 #pragma once
 

@@ -1,6 +1,7 @@
 // vmap batching rules for ops with a leading batch dimension: the vmapped dimension is folded into the
 // op's batch, so one call serves every sample (no per-sample fallback). Used by the rules in
-// csrc/<family>/<family>_vmap.cpp, which are registered for the FuncTorchBatched dispatch key.
+// the vmap section of csrc/<family>/<family>_autograd.cpp, registered for the FuncTorchBatched
+// dispatch key.
 //
 // A rule constructs a BatchFold from its tensor arguments first (it excludes the FuncTorchBatched key
 // for its lifetime, so the op called inside runs on the unwrapped tensors), returns the plain call
