@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one command the GPU machine runs each session: build, CUDA tests, compute-sanitizer,
+# The one command the GPU machine runs: build, CUDA tests, compute-sanitizer,
 # benchmarks, multi-GPU (DDP example timing, second-GPU tests). Logs land in $OUT (the device tool
 # brings them back).
 #   STAGES="build test sanitize bench ddp" scripts/gpu_check.sh     (default: all five)
@@ -83,7 +83,7 @@ if stage bench; then
   if [ -n "$peers_pid" ]; then wait "$peers_pid"; tail -2 "$OUT/peers-build.log"; fi
   python benchmarks/run.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  cp benchmarks/RESULTS.md "$OUT/" 2>/dev/null
+  cp benchmarks/latest.md "$OUT/" 2>/dev/null
 fi
 
 # Multi-GPU: the DDP example timed on 1 and 2 GPUs (NCCL, the same global batch), then the

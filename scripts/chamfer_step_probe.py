@@ -1,6 +1,6 @@
 """Where the Chamfer training step's time goes on a GPU (issue 19), per norm and size:
 
-    python scripts/debug/chamfer_step_probe.py [B,N ...]     (default 32,2048 8,8192)
+    python scripts/chamfer_step_probe.py [B,N ...]     (default 32,2048 8,8192)
 
 For each size and norm (2 = squared L2, 1 = L1), with CUDA events (benchmarks/common.time_ms):
 the forward on inputs without grad, the forward on inputs requiring grad (what a training step
@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import pointops
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from common import time_ms  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def host_us(fn, calls=200):
 def main():
     sizes = [tuple(int(v) for v in a.split(",")) for a in sys.argv[1:]] or [(32, 2048), (8, 8192)]
     print("chamfer step probe on", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
-    # This lease's host speed: torch's own smallest CUDA training step (leases differ by up to 2x).
+    # This machine's host speed: torch's own smallest CUDA training step (hosts differ by up to 2x).
     w = torch.randn(64, 3, device="cuda", requires_grad=True)
 
     def torch_step():

@@ -1,20 +1,18 @@
 """The CUDA grid search (algorithm="grid", csrc/grid/grid_search_cuda.cu) against brute force, bit for
 bit, then timed with CUDA events. Needs pointops built with CUDA and a GPU.
 
-    python scripts/debug/grid_cuda_check.py              # the checks, then the timings
-    python scripts/debug/grid_cuda_check.py check [N]    # N random cases (default 300) + the fixed ones
-    python scripts/debug/grid_cuda_check.py time         # the issue's targets, real scans, adversarial
-    python scripts/debug/grid_cuda_check.py crossover    # brute vs grid over sizes (grid_pays_cuda)
-    python scripts/debug/grid_cuda_check.py probe        # "auto" with the far-query probe vs brute / grid
-    python scripts/debug/grid_cuda_check.py probe-lists  # the same for knn_points K > 1 (LIST_KS, LIST_FACTORS)
-    python scripts/debug/grid_cuda_check.py sweep        # knn times over POINTOPS_GRID_POINTS_PER_CELL
-    python scripts/debug/grid_cuda_check.py tune         # crowding target, ball cell edge, ball grid vs brute
-    python scripts/debug/grid_cuda_check.py ball         # the ball query alone: its kernels, cell edge, grid vs brute
-    python scripts/debug/grid_cuda_check.py chamfer      # the chamfer rows of `time`, three rounds (an A/B of builds)
+    python scripts/grid_cuda_check.py              # the checks, then the timings
+    python scripts/grid_cuda_check.py check [N]    # N random cases (default 300) + the fixed ones
+    python scripts/grid_cuda_check.py time         # the issue's targets, real scans, adversarial
+    python scripts/grid_cuda_check.py probe        # "auto" with the far-query probe vs brute / grid (PROBE_CHAINS)
+    python scripts/grid_cuda_check.py probe-lists  # the same for knn_points K > 1 (LIST_KS, LIST_FACTORS)
+    python scripts/grid_cuda_check.py tune         # crowding target (TUNE_CROWDING), then `ball` (TUNE_BALL=0: not)
+    python scripts/grid_cuda_check.py ball         # the ball query: its kernels, cell edge (TUNE_EDGES), grid vs
+                                                   # brute over sizes (BALL_ROW_ONLY=1: the issue's row only)
+    python scripts/grid_cuda_check.py chamfer      # the chamfer rows of `time`, three rounds (an A/B of builds)
 
 A mismatch prints the case (shape, sizes, dtype, seed) and the first differing rows; rerun it alone
-with `check` and the same seed. The logic of the search is also checked on the CPU, without a GPU,
-by scripts/debug/grid_host_check.sh (same header, same functions).
+with `check` and the same seed. The real scans are read from ../shared/data/lidar or .data/lidar.
 """
 import contextlib
 import math
@@ -27,7 +25,8 @@ import torch
 
 import pointops  # noqa: F401  (registers torch.ops.pointops)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
 from common import time_ms  # noqa: E402  (benchmarks/common.py)
 
 ops = torch.ops.pointops
@@ -259,10 +258,9 @@ def verify(a, b):
 
 
 def lidar_scans():
-    repo = Path(__file__).resolve().parents[2]
-    root = repo.parent / "shared" / "data" / "lidar"
-    if not root.exists():  # the device machine: the git-ignored copy carried with the tree
-        root = repo / ".data" / "lidar"
+    root = REPO.parent / "shared" / "data" / "lidar"
+    if not root.exists():  # the GPU machine: the git-ignored copy carried with the tree
+        root = REPO / ".data" / "lidar"
     scans = {}
     kitti = root / "0000000000.bin"
     if kitti.exists():
@@ -318,9 +316,7 @@ def run_timings():
         b = rigid_motion(a)
         grid = lambda: ops.chamfer(a, b, algorithm="grid")  # noqa: E731
         brute = lambda: ops.chamfer(a, b, algorithm="brute")  # noqa: E731
-        # 40 warm-up calls: the first two-stream version measured (a pool stream per call) ran its
-        # first ~30 calls slower while each of 32 streams cached its blocks (KITTI 0.77-0.85 against
-        # 0.67 ms); enough warm-up for any such settling
+        # 40 warm-up calls: a version that took a pool stream per call ran its first ~30 calls slower
         row(f"chamfer {name} ({a.shape[1]} pts) vs moved copy", timed(grid, repeat=20, warmup=40),
             timed(brute, repeat=3), ">= 10x brute",
             verify(grid(), brute()))
@@ -346,41 +342,10 @@ def run_timings():
 def ddp_shapes(count, points, seed=0):
     """examples/ddp_chamfer.py's training data (spheres and tori, points on their surfaces)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "ddp_chamfer", Path(__file__).resolve().parents[2] / "examples" / "ddp_chamfer.py")
+    spec = importlib.util.spec_from_file_location("ddp_chamfer", REPO / "examples" / "ddp_chamfer.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.make_shapes(count, points, torch.Generator().manual_seed(seed), torch.float32)[1]
-
-
-def run_auto():
-    """The data behind grid_pays_cuda's K = 1 rule: chamfer brute vs grid (crowding off and at the
-    targets in TUNE_CROWDING) vs "auto" over sizes, on uniform clouds and on surfaces (the DDP
-    example's spheres and tori) against queries near them or in a blob at the origin, every grid
-    result checked against brute force bit for bit."""
-    print("== auto: chamfer (both directions) grid vs brute by data and size", torch.cuda.get_device_name())
-    g = torch.Generator(device=DEV).manual_seed(4)
-    targets = [int(v) for v in os.environ.get("TUNE_CROWDING", "96").split(",")]
-    # (name, queries' noise): a surface against a copy 0.01 off (late in training), 0.1 off (early),
-    # and against a blob at the origin (an untrained generator's output).
-    for kind, noise in (("uniform", 0.01), ("surface", 0.01), ("surface", 0.1), ("blob", 0.05)):
-        for B, n in ((128, 8192), (64, 8192), (8, 8192), (16, 4096), (4, 16384), (1, 65536), (1, 262144)):
-            y = torch.rand(B, n, 3, generator=g, device=DEV) if kind == "uniform" else ddp_shapes(B, n, B * n).to(DEV)
-            x = noise * torch.randn(y.shape, generator=g, device=DEV) + (0 if kind == "blob" else y)
-            label = f"{kind} {noise:g}"
-            want = ops.chamfer(x, y, algorithm="brute")
-            tb = timed(lambda: ops.chamfer(x, y, algorithm="brute"), repeat=5)
-            cells = []
-            for target in [0] + targets:
-                os.environ["POINTOPS_GRID_CROWDING"] = str(target)
-                ok = verify(ops.chamfer(x, y, algorithm="grid"), want)
-                FAILURES.extend([] if ok else [f"auto {label} {B} {n} crowding {target}"])
-                t = timed(lambda: ops.chamfer(x, y, algorithm="grid"), repeat=5, warmup=1)
-                cells.append(f"crowding {target:3d} {t:8.3f} ms ({tb / t:5.2f}x){'' if ok else ' MISMATCH'}")
-            os.environ.pop("POINTOPS_GRID_CROWDING", None)
-            ta = timed(lambda: ops.chamfer(x, y, algorithm="auto"), repeat=5, warmup=1)
-            print(f"{label:13s} B={B:3d} n={n:6d}: brute {tb:8.3f} ms | " + " | ".join(cells) + f" | auto {ta:8.3f} ms",
-                  flush=True)
 
 
 def probe_cases(g):
@@ -471,33 +436,6 @@ def run_probe_lists():
                       end="", flush=True)
             print(flush=True)
             os.environ.pop("POINTOPS_GRID_PROBE_LIST_FACTOR", None)
-
-
-def run_crossover():
-    print("== crossover: nearest_neighbor one direction, uniform D=3 float (auto would take the grid where pays=1)")
-    g = torch.Generator(device=DEV).manual_seed(1)
-    for B in (1, 8):
-        for n in (2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144):
-            if B * n > (1 << 21):
-                continue
-            x, y = torch.rand(B, n, 3, generator=g, device=DEV), torch.rand(B, n, 3, generator=g, device=DEV)
-            tg = timed(lambda: ops.nearest_neighbor(x, y, algorithm="grid"))
-            tb = timed(lambda: ops.nearest_neighbor(x, y, algorithm="brute"), repeat=5)
-            ta = timed(lambda: ops.nearest_neighbor(x, y, algorithm="auto"), repeat=5)
-            print(f"B={B} N=M={n:7d}: grid {tg:8.3f} ms  brute {tb:8.3f} ms  auto {ta:8.3f} ms  "
-                  f"({'grid' if tg < tb else 'brute'} wins)", flush=True)
-
-
-def run_sweep():
-    print("== POINTOPS_GRID_POINTS_PER_CELL sweep (knn_points, 1M x 1M uniform D=3)")
-    g = torch.Generator(device=DEV).manual_seed(2)
-    x, y = torch.rand(1, 1 << 20, 3, generator=g, device=DEV), torch.rand(1, 1 << 20, 3, generator=g, device=DEV)
-    for K in (1, 16):
-        for rho in (0.5, 1, 2, 3, 4, 8, 16, 32):
-            os.environ["POINTOPS_GRID_POINTS_PER_CELL"] = str(rho)
-            t = timed(lambda: ops.knn_points(x, y, K=K, algorithm="grid"), repeat=5)
-            print(f"K={K:2d} points per cell {rho:5g}: {t:8.3f} ms", flush=True)
-    os.environ.pop("POINTOPS_GRID_POINTS_PER_CELL", None)
 
 
 def run_tune():
@@ -663,24 +601,12 @@ def run_chamfer_rounds():
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    modes = {"time": run_timings, "probe": run_probe, "probe-lists": run_probe_lists, "tune": run_tune,
+             "ball": run_ball, "chamfer": run_chamfer_rounds}
+    if what not in ("all", "check", *modes):
+        sys.exit(__doc__)
     if what in ("all", "check"):
         run_checks(int(sys.argv[2]) if what == "check" and len(sys.argv) > 2 else 300)
-    if what in ("all", "time"):
-        run_timings()
-    if what == "crossover":
-        run_crossover()
-    if what == "auto":
-        run_auto()
-    if what == "probe":
-        run_probe()
-    if what == "probe-lists":
-        run_probe_lists()
-    if what == "sweep":
-        run_sweep()
-    if what == "tune":
-        run_tune()
-    if what == "ball":
-        run_ball()
-    if what == "chamfer":
-        run_chamfer_rounds()
+    if what != "check":
+        modes["time" if what == "all" else what]()
     sys.exit(1 if FAILURES else 0)

@@ -1,9 +1,9 @@
 """Where does particle_sum's time go? Host enqueue vs wall time of the small calls (the seed case,
 few targets), the kernels behind each case (torch.profiler), and one launch of each case for ncu:
 
-    python scripts/debug/profile_particle_sum.py                 # timings + profiler tables
+    python scripts/profile_particle_sum.py                 # timings + profiler tables
     ncu --clock-control none --launch-skip 3 --launch-count 1 -k regex:particle_sum_d3 \\
-        --section SchedulerStats --section WarpStateStats python scripts/debug/profile_particle_sum.py gaussian
+        --section SchedulerStats --section WarpStateStats python scripts/profile_particle_sum.py gaussian
 """
 import os
 import sys
@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import pointops
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_particle_sum import SIGMA, oracle_sum, rel_l2  # noqa: E402  (its float64 oracle)
 from common import time_ms  # noqa: E402  (benchmarks/common.py)
 

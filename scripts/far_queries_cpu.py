@@ -3,7 +3,7 @@ radius), 10% off, and in a blob at its centre, timed with algorithm="brute", "gr
 (best of 3 wall times, torch's threads). The blob is the case the grid's probe hands back to brute
 force (csrc/grid/grid_search_cpu.cpp, probe_says_brute); results are checked equal to brute force.
 
-    python scripts/debug/far_queries_cpu.py [sizes...]
+    python scripts/far_queries_cpu.py [sizes...]
 """
 import sys
 import time
