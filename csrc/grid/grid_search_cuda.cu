@@ -1,4 +1,4 @@
-// Exact neighbour searches over a uniform spatial grid on CUDA (issue 18): knn_grid_cuda (knn_points;
+// Exact neighbour searches over a uniform spatial grid on CUDA: knn_grid_cuda (knn_points;
 // nearest_neighbor / chamfer with K = 1) and ball_query_grid_cuda. The contract is grid.h's: bit for
 // bit the brute-force result (same point_distance, (distance, index) order, NaN / +inf never listed).
 //
@@ -64,8 +64,9 @@
 // crowding refinement's target (0: off); POINTOPS_GRID_NEAREST_MIN_REFS / _MIN_PAIRS the K = 1
 // thresholds of grid_pays_cuda; POINTOPS_GRID_PROBE_SCALE / _CHAIN / _LIST_FACTOR / _DEBUG the
 // far-query probe's (grid_probe_kernel);
-// scripts/debug/grid_cuda_check.py compares algorithm="grid" with "brute" bit for bit and times it.
-// scripts/debug/grid_host_check.cu runs grid_cuda.cuh's functions on the CPU against brute force.
+// scripts/grid_cuda_check.py compares algorithm="grid" with "brute" bit for bit and times it.
+// grid_cuda.cuh's functions compile for the host too, so they can be checked on the CPU against brute
+// force (the harness that does so is kept in the repository's history).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 
@@ -85,6 +86,7 @@
 #include "chamfer/chamfer.h"
 #include "common/cuda_utils.cuh"
 #include "common/hash_table.h"
+#include "common/switches.h"
 #include "grid/grid.h"
 #include "grid/grid_ball_tile_cuda.cuh"
 #include "grid/grid_ball_warp_cuda.cuh"
@@ -357,7 +359,7 @@ __global__ void grid_keys_kernel(const acc_t* __restrict__ queries, const acc_t*
 }
 
 // The keys and the sort in one launch, for clouds of at most kBlockSortItems references and as many
-// queries (the ball query's shared lists; issue 18's 8 x 16384 case): one block per cloud and half
+// queries (the ball query's shared lists; the benchmarks' 8 x 16384 case): one block per cloud and half
 // (references, queries), the half's cell keys sorted in shared memory by cub's BlockRadixSort. The
 // device-wide sort costs 10 enqueued operations (5 kernels, 5 memsets) and its host dispatch per
 // call; this costs one. The output is what grid_keys_kernel + SortPairs give, except that each
@@ -369,9 +371,9 @@ __global__ void grid_keys_kernel(const acc_t* __restrict__ queries, const acc_t*
 // A key is (cell << 14) | index in 32 bits, but only the cell bits are sorted: the keys enter the
 // sort in index order (the blocked arrangement) and the sort is stable, which orders a cell's points
 // by index with 3 passes of 6 bits instead of 8 of 4 over the whole key. They leave striped, for
-// coalesced stores. scripts/debug/block_sort_bench.cu times the configurations (the sort alone,
-// 16 x 16384 keys, H100): 512 x 32 keys 6-bit cell bits 21 us, 4-bit 23 us, all 32 bits 29 us;
-// 1024 x 16 keys 27-37 us.
+// coalesced stores. The configurations, the sort alone timed in a bench (16 x 16384 keys, H100; the
+// bench is kept in the repository's history): 512 x 32 keys 6-bit cell bits 21 us, 4-bit 23 us, all
+// 32 bits 29 us; 1024 x 16 keys 27-37 us.
 // The keys are computed in a rolled loop over striped indices (a warp reads consecutive points) into
 // shared memory, and read back blocked. Computed straight into 32 registers instead, the unrolled
 // loads spilled the grid's parameters (ncu: 57% of the stall samples before the sort). The whole
@@ -872,15 +874,6 @@ void check_grid_sizes(const char* op, const at::Tensor& p1, const at::Tensor& p2
               " x (", N, " + ", M, ")");
 }
 
-// The debugging overrides of the cell-size rules (this file's header): the number in environment
-// variable `name` when it is set and positive (or 0, where allow_zero), else fallback.
-double env_override(const char* name, double fallback, bool allow_zero) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || text[0] == '\0') return fallback;
-  const double value = std::atof(text);
-  return value > 0 || (allow_zero && value == 0) ? value : fallback;
-}
-
 // What both launchers set up after the op's own checks: the grid's size checks, the inputs in the
 // compute type (half types search in float32: converted once, exactly, and the distances rounded
 // once at the end) and the (B, N, K) outputs.
@@ -955,16 +948,16 @@ void launch_knn(const SearchArgs<acc_t, D>& a) {
 template <typename acc_t, int D, Metric metric>
 void launch_probe(const SearchArgs<acc_t, D>& a, const ProbeScratch& scratch) {
   const ProbeCosts costs{kProbeCostPerQuery, kProbeCostPerLookup, kProbeCostPerPoint,
-                         env_override("POINTOPS_GRID_PROBE_CHAIN", kProbeCostPerChainedLookup, true),
-                         env_override("POINTOPS_GRID_PROBE_SCALE", 1.0, true) *
-                             (a.K > 1 ? env_override("POINTOPS_GRID_PROBE_LIST_FACTOR", kProbeListFactor, false) : 1.0)};
+                         switch_number("POINTOPS_GRID_PROBE_CHAIN", kProbeCostPerChainedLookup, true),
+                         switch_number("POINTOPS_GRID_PROBE_SCALE", 1.0, true) *
+                             (a.K > 1 ? switch_number("POINTOPS_GRID_PROBE_LIST_FACTOR", kProbeListFactor, false) : 1.0)};
   const int64_t blocks = ceil_div<int64_t>(a.B * kProbeSamples, kProbeWarps);
   TORCH_CHECK(blocks <= std::numeric_limits<int32_t>::max(), "algorithm='auto': too many clouds (", a.B, ")");
   const auto stream = c10::cuda::getCurrentCUDAStream();
   grid_probe_kernel<acc_t, D, metric><<<static_cast<unsigned>(blocks), kProbeThreads, 0, stream>>>(
       a, scratch, costs, const_cast<uint8_t*>(a.use_grid));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (env_override("POINTOPS_GRID_PROBE_DEBUG", 0.0, false) > 0) {
+  if (switch_number("POINTOPS_GRID_PROBE_DEBUG", 0.0, false) > 0) {
     std::vector<unsigned long long> cost(static_cast<size_t>(a.B)), not_cells(static_cast<size_t>(a.B));
     std::vector<uint8_t> choice(static_cast<size_t>(a.B));
     C10_CUDA_CHECK(cudaMemcpyAsync(cost.data(), scratch.cost, a.B * 8, cudaMemcpyDeviceToHost, stream));
@@ -1052,11 +1045,11 @@ void launch_ball(const SearchArgs<acc_t, D>& a) {
 // Sizes from which "auto" takes the grid on CUDA. The brute-force kernels run at ~3.5e12 pairs/s on
 // an H100; the grid costs a fixed ~10 launches (memset, bounds, keys, ~4 of the radix sort, cells,
 // search) plus a few hundred ns of GPU time per thousand points. Measured on the H100
-// (scripts/debug/grid_cuda_check.py time, benchmarks/RESULTS.md), grid vs brute force:
+// (scripts/grid_cuda_check.py time, benchmarks/RESULTS.md), grid vs brute force:
 //   knn_points 8 x 8192^2 (5.4e8 pairs): K = 8 0.214 vs 0.507 ms, K = 16 0.331 vs 0.618, K = 32
 //   0.811 vs 1.400, K = 64 2.255 vs 2.226 (no gain: the 64-slot list insertions dominate);
 //   K = 1, chamfer 1M x 1M: 1.50 vs 574 ms, knn K = 16 1M x 1M: 3.04 vs 427 ms.
-// So lists of 2..16 take the grid from 5e8 pairs (2..32 until 2026-11-27: see below); K = 1, whose
+// So lists of 2..16 take the grid from 5e8 pairs (earlier rule: 2..32; see below); K = 1, whose
 // brute-force kernel is the fastest and whose small-size crossover was not measured, from 1e9;
 // K > 16 stays with brute force (the
 // grid still searches it exactly when asked: passes of up to 64). Small reference clouds fit brute
@@ -1067,22 +1060,23 @@ void launch_ball(const SearchArgs<acc_t, D>& a) {
 // K = 1 (nearest_neighbor, chamfer, chamfer_distance) also needs reference clouds of >= 64Ki points:
 // its queries are often another cloud that may lie far from the references (a generator's output
 // early in training), and a query far from every reference visits ~(d / h)^3 mostly empty cells.
-// Measured on the H100 (grid_cuda_check.py auto, chamfer both directions, examples/ddp_chamfer.py's
-// spheres and tori): against queries 0.01 off the surfaces the grid is 3.4-3.7x brute force at 64-128
-// x 8192^2, but with queries 0.1 off it is 0.58-0.65x there (0.09-0.11x at 8 x 8192^2, 4 x 16384^2),
-// and against a blob at the origin 0.04-0.16x; the DDP example's training step took 13.3 ms with the
-// grid against 5.3 ms with brute force. From 64Ki points the near cases gain 7.8-77x (surface 0.01,
-// uniform) while the far ones lost (0.34x / 0.08x at 65536, 0.88x / 0.26x at 262144): the rule
-// cannot see the data. Since 2026-11-26 "auto" probes each cloud on the device once the sizes pass
+// Measured on the H100 (grid vs brute force, chamfer both directions, examples/ddp_chamfer.py's
+// spheres and tori; grid_cuda_check.py probe and time cover this comparison): against queries 0.01
+// off the surfaces the grid is 3.4-3.7x brute force at 64-128 x 8192^2, but with queries 0.1 off it
+// is 0.58-0.65x there (0.09-0.11x at 8 x 8192^2, 4 x 16384^2), and against a blob at the origin
+// 0.04-0.16x; the DDP example's training step took 13.3 ms with the grid against 5.3 ms with brute
+// force. From 64Ki points the near cases gain 7.8-77x (surface 0.01, uniform) while the far ones
+// lose (0.34x / 0.08x at 65536, 0.88x / 0.26x at 262144): the rule
+// cannot see the data. So "auto" also probes each cloud on the device once the sizes pass
 // (grid_probe_kernel) and hands far clouds to brute force: at 65536 / 262144 points the blob runs
 // 0.91x / 0.99x brute force, queries 0.1 off the surfaces 1.37x / 1.89x (two H200s). At 64 x 8192
 // the blob would still run 0.73x (the build and probe cost a fixed ~0.3 ms), so the thresholds stay.
 //
-// Lists (2 <= K <= 16), 2026-11-27, H100, grid_cuda_check.py probe-lists (uniform, surfaces 0.01 and
+// Lists (2 <= K <= 16), H100, grid_cuda_check.py probe-lists (uniform, surfaces 0.01 and
 // 0.1 off, a blob, half blobs; 64 x 8192^2 to 1 x 262144^2): the grid alone ran 0.14-0.42x brute
-// force on far queries; with the probe (kProbeListFactor 4) every case is 0.83-56x. K = 32 left the
-// grid: brute force's spatial order made it as fast as the grid near the references (grid 0.85-1.55x
-// on surfaces and uniform clouds up to 65536 points, 2.55x at 262144) and the probe let a far case
+// force on far queries; with the probe (kProbeListFactor 4) every case is 0.83-56x. K = 32 stays with
+// brute force: its spatial order makes it as fast as the grid near the references (grid 0.85-1.55x
+// on surfaces and uniform clouds up to 65536 points, 2.55x at 262144) and the probe lets a far case
 // through (queries 0.1 off a surface, 262144 points: 0.34x).
 constexpr int64_t kGridMinRefs = 8192;
 constexpr int64_t kGridMinRefsNearest = 65536;
@@ -1109,9 +1103,9 @@ bool grid_pays_cuda(int64_t B, int64_t N, int64_t M, int64_t dim, int64_t K) {
   if (K < 1 || K > kGridMaxAutoK) return false;
   if (M < kGridMinRefs || B * N < kGridMinQueries) return false;
   if (B * (M + N) >= std::numeric_limits<int32_t>::max()) return false;
-  if (K == 1 && M < env_override("POINTOPS_GRID_NEAREST_MIN_REFS", kGridMinRefsNearest, false)) return false;
+  if (K == 1 && M < switch_number("POINTOPS_GRID_NEAREST_MIN_REFS", kGridMinRefsNearest, false)) return false;
   const double pairs = static_cast<double>(B) * static_cast<double>(N) * static_cast<double>(M);
-  return pairs >= (K == 1 ? env_override("POINTOPS_GRID_NEAREST_MIN_PAIRS", kGridMinPairsNearest, false)
+  return pairs >= (K == 1 ? switch_number("POINTOPS_GRID_NEAREST_MIN_PAIRS", kGridMinPairsNearest, false)
                           : kGridMinPairsLists);
 }
 
@@ -1135,13 +1129,13 @@ std::tuple<at::Tensor, at::Tensor> knn_grid_cuda(const at::Tensor& p1, const at:
   if (B * N == 0) return {probe ? dists : dists.to(p1.scalar_type()), idx};  // *probe_choice stays undefined
   if (probe) *probe_choice = at::empty({B}, q.options().dtype(at::kByte));  // every entry written by the probe
   BuildConfig cfg{};
-  cfg.points_per_cell = env_override("POINTOPS_GRID_POINTS_PER_CELL",
+  cfg.points_per_cell = switch_number("POINTOPS_GRID_POINTS_PER_CELL",
                                      K == 1 ? kPointsPerCellNN : kPointsPerCellPerNeighbour * static_cast<double>(K),
                                      false);
   cfg.min_cell = 0;
   // K > 1: no refinement (measured no faster on the scans), unless POINTOPS_GRID_CROWDING asks.
   const double crowding_target =
-      env_override("POINTOPS_GRID_CROWDING", K == 1 ? kCrowdingTarget : 0.0, true) * cfg.points_per_cell;
+      switch_number("POINTOPS_GRID_CROWDING", K == 1 ? kCrowdingTarget : 0.0, true) * cfg.points_per_cell;
   AT_DISPATCH_FLOATING_TYPES(compute_type, "knn_grid_cuda", [&] {
     using acc_t = scalar_t;
     dispatch_dim(dim, [&](auto dim_tag) {
@@ -1178,15 +1172,15 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, co
   // Cells of at least the radius: a query visits the <= 3^D cells within it (4^D when misaligned).
   cfg.points_per_cell = kPointsPerCellNN;
   // finite (check_ball_query_inputs); huge: one cell
-  cfg.min_cell = env_override("POINTOPS_GRID_BALL_CELL", 1.0, false) * std::fabs(radius);
+  cfg.min_cell = switch_number("POINTOPS_GRID_BALL_CELL", 1.0, false) * std::fabs(radius);
   // The shared lists where a cloud fits their bitmap and the queries are many. POINTOPS_GRID_BALL_TILES:
   // 0 the warp per query alone; n > 0 the lists at any number of queries, for groups of >= n.
-  const double tiles_override = env_override("POINTOPS_GRID_BALL_TILES", -1.0, true);
+  const double tiles_override = switch_number("POINTOPS_GRID_BALL_TILES", -1.0, true);
   const bool tiles = K <= kBallWarpMaxK && p2.size(1) <= kTileMaxRefs && call.compute_type == at::kFloat &&
                      (tiles_override < 0 ? B * N >= kTileMinQueries : tiles_override > 0);
   // With the lists, the keys sorted per cloud in one launch where the clouds fit it (build_grid);
   // POINTOPS_GRID_BLOCK_SORT=0 (debugging) keeps the device-wide sort.
-  const bool block_sort = tiles && env_override("POINTOPS_GRID_BLOCK_SORT", 1.0, true) > 0;
+  const bool block_sort = tiles && switch_number("POINTOPS_GRID_BLOCK_SORT", 1.0, true) > 0;
   AT_DISPATCH_FLOATING_TYPES(compute_type, "ball_query_grid_cuda", [&] {
     using acc_t = scalar_t;
     dispatch_dim(dim, [&](auto dim_tag) {
@@ -1198,7 +1192,7 @@ std::tuple<at::Tensor, at::Tensor> ball_query_grid_cuda(const at::Tensor& p1, co
         a.ball_min_group = tiles_override > 0 ? static_cast<int>(std::min(tiles_override, 32.0)) : kTileMinGroup;
         a.ball_tile_log2_words = tile_log2_words_per_lane(r.size(1));
         launch_ball<acc_t, D>(a);
-        if (tiles && env_override("POINTOPS_GRID_BALL_DEBUG", 0.0, false) > 0) print_ball_routes(a, build.block_sorted);
+        if (tiles && switch_number("POINTOPS_GRID_BALL_DEBUG", 0.0, false) > 0) print_ball_routes(a, build.block_sorted);
       }
     });
   });

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "common/switches.h"
+
 namespace pointops {
 
 struct SpatialOrder {
@@ -40,8 +42,7 @@ constexpr int64_t kSpatialMinQueries = 2048;
 // forces index / spatial order (D = 2, 3), for tests and benchmarks; unset, the sizes decide.
 inline bool use_spatial_order(int64_t B, int64_t N, int64_t M, int64_t dim) {
   if ((dim != 2 && dim != 3) || M == 0) return false;
-  const char* forced = std::getenv("POINTOPS_SPATIAL_ORDER");
-  if (forced != nullptr && forced[0] != '\0') return forced[0] != '0';
+  if (const auto forced = switch_flag("POINTOPS_SPATIAL_ORDER")) return *forced;
   return M >= kSpatialMinRefs && B * N >= kSpatialMinQueries;
 }
 

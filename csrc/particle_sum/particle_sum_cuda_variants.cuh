@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 
+#include "common/switches.h"
 #include "particle_sum/particle_sum_cuda.cuh"
 
 namespace pointops {
@@ -19,22 +20,19 @@ void launch_d3_variant(const LaunchArgs<T>& args, const at::TensorOptions& devic
 
 // Few targets: one per thread, except when all sources fit one shared-memory tile and the targets
 // exceed one wave of one-target blocks: then two per thread, which share each source read and take
-// half the blocks. The seed's 480,000 targets x 50 sources on an H100 (benchmarks/RESULTS.md, issue
-// 19): 3,750 one-target blocks (1.8 waves) 14.5 us, 1,875 two-target blocks (1.6 waves: 56 registers,
-// 9 blocks per SM) 13.4 us. With 500-1,500 sources the two variants measured within noise of each
-// other, either way by up to 10% (one run each on an H200), so those keep one target per thread. So
-// does Helmholtz, whose pairs (rsqrt, a Newton step, sincos) outweigh a shared source read: 480,000 x
-// 50 complex weights 34.6 us one per thread, 36.9-37.2 us two (H100, two runs of
-// scripts/debug/particle_targets_sweep.py; four per thread, tried there, was within 3% of two for
-// Gaussian and Laplace sums and 11% slower for this one, so it is not compiled).
+// half the blocks. The seed's 480,000 targets x 50 sources on an H100 (benchmarks/RESULTS.md,
+// per-call overhead section): 3,750 one-target blocks (1.8 waves) 14.5 us, 1,875 two-target blocks
+// (1.6 waves: 56 registers, 9 blocks per SM) 13.4 us. With 500-1,500 sources the two variants
+// measured within noise of each other, either way by up to 10% (one run each on an H200), so those
+// keep one target per thread. So does Helmholtz, whose pairs (rsqrt, a Newton step, sincos)
+// outweigh a shared source read: 480,000 x 50 complex weights 34.6 us one per thread, 36.9-37.2 us
+// two (H100, two runs of a sweep over targets per thread; four per thread, tried there, was within
+// 3% of two for Gaussian and Laplace sums and 11% slower for this one, so it is not compiled).
 // POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD=1 or 2 forces either (debugging and that sweep; read at
 // the first call of each kernel variant; other values are ignored).
 template <ParticleKernel K, typename T, int R, bool MOM>
 void launch_d3_few(const LaunchArgs<T>& args, const at::TensorOptions& device, cudaStream_t stream) {
-  static const int forced = [] {
-    const char* text = std::getenv("POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD");
-    return text == nullptr ? 0 : std::atoi(text);
-  }();
+  static const int forced = static_cast<int>(switch_number("POINTOPS_PARTICLE_FEW_TARGETS_PER_THREAD", 0, false));
   // More targets than one wave of one-target blocks holds (the occupancy query is cached, and only
   // asked where the sources fit one tile).
   const auto beyond_one_wave = [&] {
