@@ -1,4 +1,4 @@
-"""Spatial-grid search (algorithm="grid", issue 18) against brute force (algorithm="brute"), both
+"""Spatial-grid search (algorithm="grid") against brute force (algorithm="brute"), both
 timed in the same run on the same inputs: chamfer (both directions), knn_points, ball_query, on
 uniform unit-cube clouds, a real LiDAR scan against itself after a small rigid motion, and an
 adversarial cloud (every point in a few cells). Correctness first: the grid result equals brute
@@ -7,7 +7,7 @@ minutes). CUDA events on the GPU, perf_counter on the CPU; median of repeats. On
 machine set OMP_NUM_THREADS=1: two OpenMP threads on a core that another process holds wait in
 scheduler slices (~8 ms), which swamps millisecond timings.
 
-    python benchmarks/bench_grid.py              # the sizes of the issue (GPU) or the CPU ones
+    python benchmarks/bench_grid.py              # the target sizes (GPU) or the CPU ones
     python benchmarks/bench_grid.py --crossover  # where "auto" should switch (grid_pays_cpu / _cuda)
 """
 import argparse
@@ -117,7 +117,7 @@ def run(quick: bool = False, device: str = None) -> str:
     brute_limit = 3e9 if cpu else 2e12
     rows = chamfer_rows(cases, device, brute_limit)
     header = ["chamfer (both directions)", "N x M", "brute ms", "grid ms", "speed-up"]
-    text = ("## Spatial grid vs brute force (issue 18)\n\nfloat32, D = 3, one cloud per batch; `algorithm=` "
+    text = ("## Spatial grid vs brute force\n\nfloat32, D = 3, one cloud per batch; `algorithm=` "
             "forced; grid == brute checked bitwise first (on 2048 sampled queries per direction where brute "
             "force is estimated). The grid time includes its builds and the query sort.\n\n")
     text += markdown_table(header, rows)

@@ -1,4 +1,4 @@
-"""Per-call overhead (issue 19): host time of every public op on tiny inputs, beside torch.
+"""Per-call overhead: host time of every public op on tiny inputs, beside torch.
 
 At the sizes a training loop uses, a call's cost is the host's: argument checks, the dispatcher,
 autograd bookkeeping, Python around the op. This measures it directly.
@@ -7,7 +7,7 @@ autograd bookkeeping, Python around the op. This measures it directly.
   batch of CALLS calls, median of BATCHES batches, one torch thread. The unit is one
   ``torch.exp`` call on an 8-element float32 tensor measured in the same run (machines and load
   differ; the ratio travels). Grad mode is on; forward rows take inputs that do not require grad
-  (the issue's measure: the torch counterparts then cost 1-1.4 units) and are timed again with
+  (the targets' measure: the torch counterparts then cost 1-1.4 units) and are timed again with
   inputs that do (autograd bookkeeping included); "fwd+bwd" rows always do.
 * CUDA ms (GPU only): CUDA-event time of one call at a small training size, the host's dispatch
   included (one call, no queue in front of it); median of repeats.
@@ -184,7 +184,7 @@ def run(quick=False, device=None):
                       "n/a" if g is None else f"{g[0]:.3f}", "n/a" if g is None else f"{g[1]:.3f}"])
     header = ["op (tiny inputs)", "host µs (units)", "torch µs (units)", "target (units)", "met",
               "requires grad: µs (units)", "torch, requires grad", "CUDA ms (training size)", "torch CUDA ms"]
-    text = (f"## Per-call overhead (issue 19)\n\n{environment_line()}\n\nunit: one `torch.exp` call on 8 "
+    text = (f"## Per-call overhead\n\n{environment_line()}\n\nunit: one `torch.exp` call on 8 "
             f"float32 elements = {unit:.2f} µs (host, this run; mean of a measure before and after the rows). "
             f"Host µs: median of {batches} batches of {calls} calls, one torch thread, grad mode on; "
             "forward rows on inputs that do not require grad, then again on inputs that do. CUDA ms: "

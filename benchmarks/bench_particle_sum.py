@@ -429,7 +429,7 @@ def cpu_section(quick):
                      f">= 3x: {'yes' if speed >= 3 else 'NO'}" + (" (quick sizes)" if quick else "")])
         del x, y, w
     header = ["kernel", "M x N", "pointops ms", "pairs/s", "torch chunked ms", "speed-up",
-              "rel l2 err pointops / torch", "target (issue 8)"]
+              "rel l2 err pointops / torch", "target"]
     text = (f"### CPU ({threads} threads, torch.get_num_threads())\n\n"
             "pointops' CPU kernel against the torch chunked way on the CPU, same threads; median of 5 "
             "(torch: 3) wall-clock runs after one warm-up.\n\n")
@@ -487,7 +487,7 @@ def run(quick: bool = False) -> str:
         free_memory()
 
     header = ["case", "M x N", "pointops ms", "pairs/s", "of 4.2e12 bound", "torch chunked ms", "speed-up",
-              "KeOps ms", "KeOps / pointops", "rel l2 err pointops / torch / KeOps", "target (issue 8)"]
+              "KeOps ms", "KeOps / pointops", "rel l2 err pointops / torch / KeOps", "target"]
     text = "## Particle sums (`pointops.particle_sum`)\n\n"
     text += (f"Device: {device}. float32, D = 3, targets and sources uniform in the unit cube, weights "
              f"randn; Gaussian sigma = {SIGMA:g}, Helmholtz k = {WAVENUMBER:g}. pointops ms: median of the "
@@ -511,7 +511,7 @@ def run(quick: bool = False) -> str:
                  "allocator, `max_memory_allocated`) minus what was allocated before it and minus the "
                  "output. torch chunked: measured on its (subset) run; the peak is set by the chunk, so it "
                  "is the same for all targets. KeOps: only what it allocates through PyTorch."
-                 + (" Target (issue 8): O(M + N), < 64 MB." if not quick else "") + "\n\n")
+                 + (" Target: O(M + N), < 64 MB." if not quick else "") + "\n\n")
         mem_rows = [[label, mb(a), mb(b), mb(c),
                      (f"< 64 MB: {'yes' if a < 64 * 2 ** 20 else 'NO'}" if a is not None and not quick else "-")]
                     for label, a, b, c, _ in memory]

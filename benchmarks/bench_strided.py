@@ -27,7 +27,7 @@ from common import markdown_table, time_ms  # noqa: E402
 import pointops  # noqa: E402
 from pointops import strided  # noqa: E402
 
-# GPU: issue 9's sizes (2^25 float32 elements as 4096 x 8192, matmul 4096^3, bmm 16 x 1024^3)
+# GPU: the target sizes (2^25 float32 elements as 4096 x 8192, matmul 4096^3, bmm 16 x 1024^3)
 FULL = dict(elems=(4096, 8192), mm=4096, bmm=(16, 1024), cpu_elems=(2048, 4096), cpu_mm=1024, cpu_bmm=(4, 256))
 QUICK = dict(elems=(1024, 1024), mm=512, bmm=(4, 256), cpu_elems=(1024, 1024), cpu_mm=256, cpu_bmm=(2, 128))
 CALLS = 10  # GPU: calls per timed sample, back to back

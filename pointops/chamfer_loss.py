@@ -292,7 +292,7 @@ def chamfer_distance(x, y, x_lengths: Optional[Tensor] = None, y_lengths: Option
         >>> hausdorff, _ = pointops.chamfer_distance(x, y, point_reduction="max")
     """
     # The common call (two padded tensors, nothing optional): the checks of the general path below,
-    # inline; on small clouds its function calls cost half as much as the op itself (issue 19).
+    # inline; on small clouds its function calls cost half as much as the op itself.
     if (x_lengths is None and y_lengths is None and x_normals is None and y_normals is None and weights is None
             and (point_reduction == "mean" or point_reduction == "sum")
             and (batch_reduction == "mean" or batch_reduction is None or batch_reduction == "sum")

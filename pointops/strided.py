@@ -121,7 +121,7 @@ def reduce(x: Tensor, dim: Union[int, Sequence[int], None] = None, fn: str = "su
     keepdim keeps the reduced dims with size 1. Deterministic (see the module docstring).
     """
     # The op's dim is int[1]? (as torch.sum's): a plain int binds to it directly, ~0.3 us less than
-    # a one-element tuple (issue 19); a tuple binds faster than a list.
+    # a one-element tuple (a small call's host time is its cost); a tuple binds faster than a list.
     if type(dim) is not int and dim is not None and type(dim) is not tuple:
         dim = (dim,) if isinstance(dim, int) else tuple(dim)
     return _REDUCE(x, dim, fn, keepdim)

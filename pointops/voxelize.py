@@ -152,8 +152,9 @@ _last_plain = ((), ())
 def _plain_arguments(points, batch, voxel_size, point_range) -> bool:
     """True for the common call (tensors, sequences of Python floats), which the op takes as is.
     One set over both sequences: the per-argument checks above cost more than the op's binding
-    on a small call (issue 19); anything else takes them. A training loop passes the same two
-    tuples every call (Voxelizer does): those are recognised by identity, without the set."""
+    on a small call, whose cost is its host time; anything else takes them. A training loop passes
+    the same two tuples every call (Voxelizer does): those are recognised by identity, without the
+    set."""
     global _last_plain
     if voxel_size is _last_plain[0] and point_range is _last_plain[1]:
         return isinstance(points, Tensor) and (batch is None or isinstance(batch, Tensor))

@@ -174,7 +174,7 @@ def test_lower_precision_dtypes(device, dtype):
     torch.testing.assert_close(loss_n.double().cpu(), want_n, rtol=rtol, atol=rtol)
 
 
-# ---------------------------------------------------------------- the behaviours the issue names
+# ---------------------------------------------------------------- the required behaviours
 @pytest.mark.parametrize("device", DEVICES)
 def test_max_is_the_hausdorff_distance(device):
     # x = {0, 1}, y = {0, 3} on a line: max_x = 1 (1 -> 0), max_y = 4 (3 -> 1). PyTorch3D returns

@@ -1,4 +1,4 @@
-"""Fuzzing every public pointops entry point (issue 10): hypothesis draws shapes (0-size dims,
+"""Fuzzing every public pointops entry point: hypothesis draws shapes (0-size dims,
 wrong ranks), dtypes (float16 ... complex64, int64, bool), values (NaN, +-Inf, 1e30, subnormals),
 devices (cpu, and cuda when present), layouts (non-contiguous views, zero-stride views of more
 than 2^31 points) and optional arguments (lengths out of range, batch indices, bad scalars).

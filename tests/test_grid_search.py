@@ -1,4 +1,4 @@
-"""The spatial-grid search (algorithm="grid", issue 18) against brute force (algorithm="brute"):
+"""The spatial-grid search (algorithm="grid") against brute force (algorithm="brute"):
 bit for bit, distances (NaN positions included) and indices, for every op that takes `algorithm`,
 on inputs chosen to break a grid: clustered and duplicate points, degenerate boxes (a point, a
 line, a plane), far-from-origin and tiny coordinates, non-finite points, disjoint clouds, queries
@@ -350,7 +350,7 @@ def test_ball_query_grid_list_sizes(device, monkeypatch):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_ball_query_grid_dense_cells(device, monkeypatch):
-    """Dense cells, as in issue 18's ball row: ~12 references and ~24 queries per cell of edge r, so
+    """Dense cells, as in the benchmarks' ball row: ~12 references and ~24 queries per cell of edge r, so
     32 consecutive sorted queries (a CUDA warp's worth) share one or two cells; ragged clouds whose
     sizes are not multiples of 32; K = 8, which every ball fills early (the index-window early exit),
     and 50 / 64, about the ~50 hits of a ball. D = 2 too. On CUDA with and without the shared lists

@@ -1,4 +1,4 @@
-"""The argument checks of the Python entry points (issue 10): one case per check, with the message
+"""The argument checks of the Python entry points: one case per check, with the message
 matched. TypeError for an argument of the wrong type, ValueError for a bad value of an argument
 the Python layer owns (fscore's threshold and lengths, a cap beyond int64, a ParticleSum
 parameter), RuntimeError where the C++ op's check speaks (those are tested beside each op).
@@ -30,7 +30,7 @@ def chamfer_dists(device="cpu"):
 @pytest.mark.parametrize("device", DEVICES)
 def test_fscore_wrong_rank(device):
     dist1, dist2 = chamfer_dists(device)
-    # The issue's case: a 1-D input used to fail with "not enough values to unpack".
+    # Regression: a 1-D input used to fail with "not enough values to unpack".
     with pytest.raises(ValueError, match=r"fscore: dist1 must be a 2-D tensor \(B, N\), got shape \(5,\)"):
         pointops.fscore(dist1[0], dist2)
     with pytest.raises(ValueError, match=r"fscore: dist2 must be a 2-D tensor \(B, M\), got shape \(1, 2, 4\)"):
@@ -83,7 +83,7 @@ def test_fscore_batch_mismatch():
 def test_fscore_lengths(device):
     dist1, dist2 = chamfer_dists(device)
     lengths = lambda *v: torch.tensor(v, device=device)  # noqa: E731
-    # The issue's case: lengths of the wrong shape used to fail inside a broadcast.
+    # Regression: lengths of the wrong shape used to fail inside a broadcast.
     with pytest.raises(ValueError, match=r"fscore: x_lengths must have shape \(B,\) = \(2,\) to match dist1, got shape \(3,\)"):
         pointops.fscore(dist1, dist2, 0.1, lengths(1, 2, 3))
     with pytest.raises(ValueError, match=r"fscore: y_lengths must have shape \(B,\) = \(2,\) to match dist2, got shape \(1, 2\)"):
@@ -159,7 +159,7 @@ def test_voxel_points_and_batch_types(op):
 
 @pytest.mark.parametrize("op", ["voxelize", "voxel_features"])
 def test_voxel_type_checks_after_a_recognised_call(op):
-    """voxelize recognises the tuples of its last plain call by identity (issue 19: the per-call
+    """voxelize recognises the tuples of its last plain call by identity (the per-call
     checks of the sequences are skipped for them); the tensor arguments are still checked."""
     vs, pr = tuple(VOXEL), tuple(RANGE)
     call = ((lambda p, **kw: pointops.voxelize(p, vs, pr, 4, 10, **kw)) if op == "voxelize"

@@ -311,7 +311,7 @@ Direction<scalar_t, at::opmath_type<scalar_t>> make_direction(DirectionTensors& 
 }
 
 // The outputs (B, N) of a direction, where not yet allocated. After the search's launch where it
-// runs, so that a small call's GPU starts while the host allocates them (issue 19).
+// runs, so that a small call's GPU starts while the host allocates them.
 void allocate_outputs(DirectionTensors& t) {
   if (t.dist.defined()) return;
   t.dist = at::empty({t.queries.size(0), t.queries.size(1)}, t.queries.options());

@@ -221,7 +221,7 @@ std::vector<double> grad_values(const at::Tensor& g) {
 
 // One direction's gradient, as the two ops it replaces (the distances' gradient rounded to the
 // points' dtype, then _nearest_neighbor_backward) computed it, without their allocations and
-// dispatches (issue 19: a small call's host time). `own[q]` receives query q's term
+// dispatches (a small call's cost is its host time). `own[q]` receives query q's term
 // g_q d'(q - r) for its neighbour r; `gathered[r]` accumulates minus the terms of the queries
 // matched to r, in increasing query order: the backward op's order, so the sums are bit for bit
 // the same. Padding and points of an empty partner have index -1 and contribute nothing.

@@ -1,4 +1,4 @@
-// chamfer_distance's loss reduction and backward on CUDA, one launch each (issue 19): at training
+// chamfer_distance's loss reduction and backward on CUDA, one launch each: at training
 // sizes the step is bound by host time per launch, and the torch-op composition these replace
 // issued ~5 launches for the reduction and ~10 for the backward (scales, two backward ops with
 // their zero fills, two in-place adds).
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kBackwardThreads)
 }
 
 // grad_x and grad_y set to 0 in one launch (the backward kernel then adds into both): two
-// at::zeros were two dispatched fills in a host-bound step (issue 19). They stay two allocations:
+// at::zeros would be two dispatched fills in a host-bound step. They stay two allocations:
 // one op's outputs must not alias (its schema says so, and opcheck checks it).
 template <typename acc_t>
 __global__ void __launch_bounds__(kBackwardThreads)

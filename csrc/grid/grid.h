@@ -1,4 +1,4 @@
-// Exact neighbour searches over a uniform spatial grid of the reference cloud (issue 18): what the
+// Exact neighbour searches over a uniform spatial grid of the reference cloud: what the
 // CPU (grid_search_cpu.cpp) and CUDA (grid_search_cuda.cu) implementations and the op launchers
 // (chamfer_{cpu,cuda}, neighbors' knn_points / ball_query) share.
 //

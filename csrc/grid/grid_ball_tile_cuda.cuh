@@ -7,10 +7,10 @@
 //
 // Why: the warp per query spends most of its ~2,100 warp instructions per query on its own set-up
 // (reach box, up to 27 hash lookups), on finding each candidate's run, and on ranking its hits by
-// index (benchmarks/RESULTS.md, issue 18). The queries are sorted by cell, and the ~16 queries of a
-// cell of edge r look at the same ~27 cells. Sharing one list per cell was tried before with a
-// bitonic sort of up to 512 indices per list (RESULTS, third session of 2026-11-26): the sort cost
-// about what sharing saved. Here the list is ordered without sorting: every candidate sets the bit
+// index (benchmarks/RESULTS.md, spatial grid section). The queries are sorted by cell, and the ~16
+// queries of a cell of edge r look at the same ~27 cells. Sharing one list per cell but ordering it
+// with a bitonic sort of up to 512 indices per list gains nothing (same section): the sort costs
+// about what sharing saves. Here the list is ordered without sorting: every candidate sets the bit
 // of its reference index in a bitmap of the cloud (at most 32768 bits, 4 KB), and the set bits read
 // back in order are the candidates in index order. Per group the warp
 //   1. takes the union of its queries' reach boxes (<= kTileMaxCells cells: two lookups per lane),
@@ -45,8 +45,9 @@ namespace grid_cuda {
 
 // A list of 480 float candidates in 3-D, with 16-bit indices, and one query's hit positions take
 // 6,976 bytes per warp: 8 blocks of 4 warps (8 x 27,904 bytes plus 1 KB reserved per block, within an
-// H100 SM's 228 KB) at <= 64 registers, so that issue 18's 8 x 16384 queries (4096 warps) run in one
-// wave. Cells of edge r in a uniform cloud of 16384 points hold ~442 candidates per cell's union box.
+// H100 SM's 228 KB) at <= 64 registers, so that the benchmarks' 8 x 16384 queries (4096 warps) run in
+// one wave. Cells of edge r in a uniform cloud of 16384 points hold ~442 candidates per cell's union
+// box.
 constexpr int kTileCapacity = 480;                    // candidates one group lists
 static_assert(kTileCapacity % 32 == 0, "stage_tile pads the list to a multiple of 32");
 constexpr int kTileMaxCells = 64;                     // cells of a group's union box

@@ -1,8 +1,8 @@
-// The spatial-grid search of grid_search_cuda.cu (issue 18): the cell arithmetic, the key layout,
+// The spatial-grid search of grid_search_cuda.cu: the cell arithmetic, the key layout,
 // the skip tests and the per-query searches, as __host__ __device__ code. The CUDA kernels call
-// these functions; scripts/debug/grid_host_check.cu runs the very same functions on the CPU (the
-// build emulated on the host, every query searched by a loop) against a brute-force scan, so the
-// logic can be checked bit for bit on a machine without a GPU.
+// these functions; compiled for the host, the very same functions run on the CPU (a harness kept in
+// the repository's history emulates the build on the host and searches every query by a loop)
+// against a brute-force scan, so the logic can be checked bit for bit on a machine without a GPU.
 //
 // Why a cell can be skipped (exactness): cells are assigned in double (floor((x - lo) * (1 / h)),
 // clamped into the grid), and a cell's box is taken as [lo + k h - slack, lo + (k + 1) h + slack],
@@ -32,8 +32,8 @@
 #define POINTOPS_GRID_HD inline
 #endif
 
-// Work counters for the host check (scripts/debug/grid_host_check.cu defines this before including
-// the header); nothing in the library.
+// Work counters for a host check of these functions (its harness defines this before including the
+// header); nothing in the library.
 #ifndef POINTOPS_GRID_COUNT
 #define POINTOPS_GRID_COUNT(counter)
 #define POINTOPS_GRID_COUNT_ADD(counter, amount)
@@ -435,7 +435,7 @@ POINTOPS_GRID_HD int64_t sorted_query(const SearchArgs<acc_t, D>& a, int64_t t) 
 }
 
 // Points of a long run the knn search loads at once (see knn_search_query). Measured on an H100
-// (benchmarks/RESULTS.md, fourth session of 2026-11-26): 8 for K = 1 took the KITTI search kernel
+// (benchmarks/RESULTS.md, spatial grid section): 8 for K = 1 took the KITTI search kernel
 // from 0.76 to 0.43 ms; batches for K > 1 gained nothing on uniform clouds and cost K = 64 about a
 // third, so they keep 1.
 template <int KP>

@@ -1,4 +1,4 @@
-// Exact neighbour searches over a uniform grid of the reference cloud, on the CPU (issue 18; the
+// Exact neighbour searches over a uniform grid of the reference cloud, on the CPU (the
 // contract, bit-identical to brute force, is in grid.h). The launchers in chamfer_cpu.cpp and
 // neighbors_cpu.cpp call these when algorithm="grid", or "auto" and grid_pays_cpu.
 //

@@ -19,7 +19,8 @@
 // (2.13 -> 1.53 us a step, with the unrolled shared-memory tier); and the grid's slots are read by
 // one warp per block, not by every warp, behind an arrival count instead of grid.sync() (1 x 2^20
 // -> 16384: 13.4 -> 3.4 us a step; 132 blocks x 8 warps each reading all 132 slots put ~0.5M L2
-// requests on a few cache lines per step). scripts/debug/fps_probe.py builds and times this file alone.
+// requests on a few cache lines per step). Timed with this file built alone (a harness kept in the
+// repository's history).
 //
 // Groups, by cloud size:
 //  - one block, when the cloud fits one block's shared memory: the barrier is __syncthreads, and
@@ -259,7 +260,7 @@ __device__ __forceinline__ void send_to_rank(const T& value, T* local, uint64_t*
 // point's coordinates for the lookup of a block's best. 44 float32 points (176 registers; 254-255
 // in all, no spills) hold a whole slice of the benchmark's 16 x 65536 clouds in clusters of 6
 // (10,923 points a block): 5.76 ms against 6.29 ms with 32 points and a shared-memory tier (H100,
-// scripts/debug/fps_probe.py). Any D: shared memory only, 8 points a thread.
+// this file built and timed alone). Any D: shared memory only, 8 points a thread.
 template <typename acc_t, int D>
 struct Tuning {
   static constexpr int kRegisterPoints = D == 0 ? 0 : (sizeof(acc_t) == 4 ? 44 : 16);

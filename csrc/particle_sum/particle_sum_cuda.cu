@@ -14,7 +14,7 @@ namespace {
 
 // Up to this many targets per SM, sources that cannot be split go one target per thread (two when
 // they fit one tile and the targets exceed a wave: launch_d3_few). Measured on an H200 (132 SMs;
-// scripts/debug/particle_q_sweep.py, ms per call, eight targets per thread -> one): 100,000 x 1,000
+// a sweep of this bound, ms per call, eight targets per thread -> one): 100,000 x 1,000
 // 0.084 -> 0.055, 480,000 x 500 0.121 -> 0.112, 480,000 x 1,500 0.331 -> 0.297; 50 sources unchanged
 // (the seed case is host-bound), 1-2 million targets x 50 slower that way (0.037 -> 0.046), hence a
 // bound.

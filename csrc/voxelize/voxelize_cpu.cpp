@@ -125,7 +125,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> 
     kept_voxels = std::min(total, max_voxels);
     const int64_t rows = padded ? max_voxels : kept_voxels;
     // Allocated uninitialised and filled here: at::zeros / at::full would each add a dispatched
-    // fill, which is a measurable share of a small call (issue 19).
+    // fill, which is a measurable share of a small call's host time.
     voxels = zero_filled({rows, p, f}, points.options());
     coords = at::empty({rows, cols}, int_opts);
     std::fill_n(coords.mutable_data_ptr<int32_t>(), rows * cols, int32_t(-1));
