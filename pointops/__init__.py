@@ -5,7 +5,8 @@ Public API:
   voxelize, voxel_features, Voxels, Voxelizer
   particle_sum, ParticleSum
   knn_points, knn_gather, ball_query, sample_farthest_points, KNN (PyTorch3D's contracts)
-  knn, radius, fps, knn_interpolate (packed clouds: torch_cluster / torch_geometric contracts)
+  knn, knn_graph, radius, radius_graph, nearest, fps, grid_cluster (packed clouds: torch_cluster's
+  contracts, TorchScript-able), knn_interpolate (torch_geometric's)
   strided (module): strided.map, strided.zip, strided.reduce, strided.matmul over any strided view
   build_info()
 """
@@ -21,7 +22,8 @@ from .chamfer_loss import ChamferLoss, chamfer_distance  # noqa: E402
 from .voxelize import Voxelizer, Voxels, voxel_features, voxelize  # noqa: E402
 from .particle_sum import ParticleSum, particle_sum  # noqa: E402
 from .neighbors import KNN, ball_query, knn_gather, knn_points, sample_farthest_points  # noqa: E402
-from .neighbors_packed import fps, knn, knn_interpolate, radius  # noqa: E402
+from .neighbors_packed import knn, knn_graph, nearest, radius, radius_graph  # noqa: E402
+from .sampling_packed import fps, grid_cluster, knn_interpolate  # noqa: E402
 from . import strided  # noqa: E402
 
 
@@ -47,6 +49,6 @@ def build_info() -> dict:
 __all__ = [
     "nearest_neighbor", "chamfer", "chamfer_distance", "ChamferLoss", "ChamferFunction", "fscore",
     "voxelize", "voxel_features", "Voxels", "Voxelizer", "particle_sum", "ParticleSum",
-    "knn_points", "knn_gather", "ball_query", "sample_farthest_points", "KNN", "knn", "radius", "fps",
-    "knn_interpolate", "strided", "build_info", "__version__",
+    "knn_points", "knn_gather", "ball_query", "sample_farthest_points", "KNN", "knn", "knn_graph", "radius",
+    "radius_graph", "nearest", "fps", "grid_cluster", "knn_interpolate", "strided", "build_info", "__version__",
 ]

@@ -16,10 +16,14 @@ Semantics every op here shares:
   equals it bit for bit where it finds a neighbour), accurate far from the origin where
   ``|p|^2 + |q|^2 - 2 p.q`` is not. CPU and CUDA return identical results, bit for bit.
 - **Ties** go to the smaller index, always.
-- **No neighbour** is index -1 with distance 0, never a made-up index: slots past a cloud's
-  neighbours, padded queries, and candidates whose distance is NaN or +inf (points with NaN or
-  infinite coordinates are never matched). This is where pointops departs from PyTorch3D's
-  ``knn_points``, which writes index 0 there (a real point); ``knn_gather`` gives zeros for both.
+- **No neighbour**: slots past a cloud's neighbours, padded queries, and candidates whose
+  distance is NaN or +inf (points with NaN or infinite coordinates are never matched) hold distance
+  0 and, as PyTorch3D writes them, index 0 in :func:`knn_points` (code written for PyTorch3D indexes
+  with ``idx`` directly) and index -1 in :func:`ball_query` and :func:`sample_farthest_points`
+  (PyTorch3D's -1 there). The kernels themselves write -1 (``torch.ops.pointops.knn_points``, and
+  :func:`pointops.nearest_neighbor` / :func:`pointops.chamfer`, which keep it), so a caller that
+  must tell padding from a real neighbour uses those or ``lengths2``. ``knn_gather`` gives zeros in
+  slots past ``lengths`` and for index -1.
 - **Gradients** flow to ``p1`` and ``p2`` through the distances (to any order), not through
   the indices.
 - **Search** (``algorithm=``, keyword-only on :func:`knn_points` and :func:`ball_query`):
@@ -122,14 +126,19 @@ def knn_points(p1: Tensor, p2: Tensor, lengths1: Optional[Tensor] = None, length
             registers on CUDA; larger K sorts whole rows of distances (slower).
         version: accepted for PyTorch3D compatibility and ignored (one kernel family serves all).
         return_nn: also return the neighbours' coordinates, ``knn_gather(p2, idx, lengths2)``.
-        return_sorted: accepted and ignored: the neighbours are always sorted by (distance, index).
+        return_sorted: True (default): nearest first, ties by index. False: PyTorch3D's "no
+            particular order"; here the same neighbours farthest first (the padding stays last),
+            a deterministic order that code asking for unsorted neighbours cannot mistake for
+            sorted ones (PyTorch3D's own tests check that it is not).
         algorithm: pointops only, keyword-only: ``"auto"`` (default), ``"brute"`` or ``"grid"``
             (D = 2, 3); the same result bit for bit either way.
 
     Returns:
         ``KNN(dists, idx, knn)``: ``dists`` (B, N, K) in p1's dtype, ascending; ``idx`` (B, N, K)
-        int64 into p2, -1 where there is no neighbour (dist 0 there); ``knn`` (B, N, K, D) or None.
-        Differentiable in p1 and p2 through ``dists`` (and ``knn``).
+        int64 into p2; where there is no neighbour (K past the cloud's size, a padded query, only
+        non-finite candidates) PyTorch3D's padding: index 0, distance 0, and zeros in ``knn``
+        (B, N, K, D), which is None unless ``return_nn``. Differentiable in p1 and p2 through
+        ``dists`` (and ``knn``).
 
     Raises:
         ValueError: p1 and p2 with different batch sizes or point dimensions (PyTorch3D's messages),
@@ -140,16 +149,21 @@ def knn_points(p1: Tensor, p2: Tensor, lengths1: Optional[Tensor] = None, length
     if norm not in (1, 2):
         raise ValueError(f"Support for 1 or 2 norm: norm must be 1 or 2, got {norm!r}")
     _check_count("K", K)
-    dists, idx = _KNN_POINTS(p1, p2, lengths1, lengths2, K, norm, algorithm)
-    nn = knn_gather(p2, idx, lengths2) if return_nn else None
-    return KNN(dists, idx, nn)
+    dists, idx = _KNN_POINTS(p1, p2, lengths1, lengths2, K, norm, algorithm)  # -1: no neighbour
+    if not return_sorted and K > 1:  # reverse each query's found neighbours (a prefix of its row)
+        slot = torch.arange(K, device=idx.device)
+        found = (idx >= 0).sum(-1, keepdim=True)
+        order = torch.where(slot < found, found - 1 - slot, slot)
+        dists, idx = dists.gather(-1, order), idx.gather(-1, order)
+    nn = knn_gather(p2, idx, lengths2) if return_nn else None  # zeros there, before the -1 becomes 0
+    return KNN(dists, idx.clamp(min=0), nn)
 
 
 def knn_gather(x: Tensor, idx: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
     """``x[b, idx[b, i, k]]`` for every (b, i, k): (B, L, K, U) from x (B, M, U) and idx (B, L, K).
 
     As PyTorch3D's ``knn_gather``: slots k >= ``lengths[b]`` (the cloud had fewer than K points)
-    are zeros. Indices outside [0, M) (-1 from knn_points / ball_query) give zeros too, so it
+    are zeros. Indices outside [0, M) (-1 from ball_query or the kernels) give zeros too, so it
     serves ball_query's padding as well (PyTorch3D needs its ``masked_gather`` there). No host
     sync. Differentiable in x; the backward is torch's indexed accumulation (deterministic under
     ``torch.use_deterministic_algorithms(True)``).

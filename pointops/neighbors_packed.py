@@ -1,218 +1,367 @@
-"""Neighbourhoods of packed clouds (torch_cluster / torch_geometric faces): :func:`knn`,
-:func:`radius`, :func:`fps` and :func:`knn_interpolate`.
+"""Neighbourhoods of packed clouds, torch_cluster's face: :func:`knn`, :func:`knn_graph`,
+:func:`radius`, :func:`radius_graph`, :func:`nearest` (and :func:`fps`, :func:`grid_cluster` in
+:mod:`pointops.sampling_packed`; :func:`knn_interpolate`, torch_geometric's, there too).
 
-Points of all clouds are stacked in one (N, D) tensor with a ``batch`` vector (N,) int64 naming
-each point's cloud, as ``voxelize(batch=...)`` takes them. ``batch`` need not be sorted (torch_cluster
-requires it sorted and does not check): the points of a cloud keep their relative order. Omitted,
-every point is in cloud 0.
+Signature for signature torch_cluster 1.6.3's functions (defaults, argument order, dtypes, edge
+order, ``flow``, ``loop``, ``cosine``; ``num_workers`` is accepted and has nothing to do), so
+``import pointops as torch_cluster`` is the only change code written for torch_cluster needs.
+Every function is ``torch.jit.script``-able (PyG scripts models that call them) and runs under
+``torch.compile`` (the host reads below break the graph, as torch_cluster's own do). pointops'
+extra, the search choice ``algorithm`` (``"auto"``, ``"brute"`` or ``"grid"`` for D = 2, 3; the
+same edges either way), is a defaulted positional argument after torch_cluster's.
 
-These run on the same kernels as the padded ops of :mod:`pointops.neighbors`, with the same
-semantics (exact distances, ties to the smaller index, NaN/Inf points never matched): the clouds are
-gathered into a padded batch in one pass over the points (no loop over clouds), searched, and the
-answers mapped back to the original indices. That costs memory for the padded batch (clouds x the
-largest cloud) and a few device-to-host copies per call (the number of clouds and the largest
-cloud, and the data-dependent number of edges), as torch_cluster's own calls do.
+Points of all clouds are stacked in one (N, D) tensor (a 1-D tensor is N points of D = 1) with a
+``batch`` vector (N,) int64 naming each point's cloud. torch_cluster requires ``batch`` sorted
+(and its knn / radius return wrong edges, silently, when it is not); here an unsorted ``batch`` is
+fine: the points of a cloud keep their relative order. Omitted, every point is in cloud 0.
+
+These run on the kernels of the padded ops of :mod:`pointops.neighbors` with their semantics:
+exact distances, ties to the smaller index, NaN/Inf points never matched, identical results on
+CPU and CUDA (torch_cluster's CPU search is a k-d tree with its own order of ties and of the
+capped radius neighbours; here both devices return what torch_cluster's CUDA kernels return). The
+clouds are gathered into a padded batch in one pass (no loop over clouds), searched, and the
+answers mapped back: memory for clouds x the largest cloud, and two or three device-to-host reads
+per call (cloud numbers and sizes, the data-dependent number of edges), as torch_cluster's own.
 """
-import numbers
-from typing import Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ._transforms import refuse_under_vmap
-from .chamfer import _require_tensors
-from .neighbors import _check_count, ball_query, knn_gather, knn_points, sample_farthest_points
 
-__all__ = ["knn", "radius", "fps", "knn_interpolate"]
+__all__ = ["knn", "knn_graph", "radius", "radius_graph", "nearest"]
 
 
-class _Clouds:
-    """Where each point of a packed (N, D) tensor sits in a padded (B, P, D) batch."""
-
-    def __init__(self, batch: Tensor, counts: Tensor, largest: int):
-        num_points, device = batch.shape[0], batch.device
-        self.num_clouds, self.largest = counts.shape[0], largest
-        self.batch, self.counts = batch, counts
-        order = torch.argsort(batch, stable=True)  # a cloud's points keep their order
-        starts = torch.cumsum(self.counts, 0) - self.counts
-        self.slot = torch.empty_like(batch)
-        self.slot[order] = torch.arange(num_points, device=device) - starts[batch[order]]
-        # original index of each padded slot (-1: padding)
-        self.index = torch.full((self.num_clouds, largest), -1, dtype=torch.int64, device=device)
-        self.index[batch, self.slot] = torch.arange(num_points, device=device)
-
-    def pad(self, values: Tensor) -> Tensor:
-        """(N, F) per-point values -> (B, P, F), zeros in the padding; differentiable."""
-        padded = values.new_zeros(self.num_clouds, self.largest, values.shape[1])
-        return padded.index_put((self.batch, self.slot), values)
-
-    def unpad(self, padded: Tensor) -> Tensor:
-        """(B, P, ...) -> (N, ...): each point's row; differentiable."""
-        return padded[self.batch, self.slot]
+# ---------------------------------------------------------------- packed <-> padded
+def _points(x: Tensor, name: str) -> Tensor:
+    """torch_cluster's (N,) -> (N, 1); anything but 1-D or 2-D is an error."""
+    if not torch.jit.is_scripting():
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 1:
+        return x.view(-1, 1)
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be a tensor (N, D) or (N,), got shape {list(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
+    return x
 
 
-def _batch_vector(batch, points: Tensor, name: str, points_name: str) -> Tensor:
+def _check_batch(batch: Optional[Tensor], points: Tensor, name: str, points_name: str) -> None:
     if batch is None:
-        return torch.zeros(points.shape[0], dtype=torch.int64, device=points.device)
-    if not isinstance(batch, Tensor):
-        raise TypeError(f"{name} must be a tensor (N,) or None, got {type(batch).__name__}")
+        return
+    if not torch.jit.is_scripting():
+        if not isinstance(batch, Tensor):
+            raise TypeError(f"{name} must be a tensor (N,) or None, got {type(batch).__name__}")
     if batch.dtype != torch.int64:
         raise TypeError(f"{name} must be an int64 tensor, got {batch.dtype}")
-    if batch.shape != (points.shape[0],):
+    if batch.dim() != 1 or batch.shape[0] != points.shape[0]:
         raise ValueError(f"{name} must have shape (N,) = ({points.shape[0]},) to match {points_name}, "
-                         f"got shape {tuple(batch.shape)}")
+                         f"got shape {list(batch.shape)}")
     if batch.device != points.device:
         raise ValueError(f"{name} must be on the same device as {points_name} ({points.device}), got {batch.device}")
-    return batch
 
 
-def _clouds(*pairs) -> Tuple["_Clouds", ...]:
-    """_Clouds for each (points, batch vector, name), numbered alike: clouds 0 .. max over all."""
-    stats = []
-    for points, batch, _ in pairs:
-        if batch.numel():
-            stats += [batch.min(), batch.max()]
-    values = torch.stack(stats).tolist() if stats else []  # one host sync for all
-    lows, highs = values[0::2], values[1::2]
-    for (_, _, name), low in zip([p for p in pairs if p[1].numel()], lows):
-        if low < 0:
-            raise ValueError(f"{name} must hold cloud numbers >= 0, got {low}")
-    num_clouds = max(highs) + 1 if highs else 0
-    counts = [torch.zeros(num_clouds, dtype=torch.int64, device=b.device).index_add_(0, b, torch.ones_like(b))
-              for _, b, _ in pairs]
-    largest = torch.stack([c.max() for c in counts]).tolist() if num_clouds else [0] * len(pairs)
-    return tuple(_Clouds(b, c, n) for (_, b, _), c, n in zip(pairs, counts, largest))
+class _Clouds(NamedTuple):
+    """Where each point of a packed (N, D) tensor sits in a padded (B, P, D) batch."""
+    batch: Tensor  # (N,) cloud of each point
+    slot: Tensor  # (N,) position in its cloud (the points of a cloud keep their order)
+    starts: Tensor  # (B,) index of each cloud's first point when the batch is sorted
+    counts: Tensor  # (B,) points per cloud
+    largest: int  # P
+    ordered: bool  # batch sorted: a cloud's points are contiguous, from starts[b]
+    regular: bool  # sorted and every cloud of P points: the padded batch is a view
 
 
-def _check_points(x, y, x_name: str = "x", y_name: str = "y") -> None:
-    _require_tensors(**{x_name: x, y_name: y})
-    for t, name in ((x, x_name), (y, y_name)):
-        if t.dim() != 2:
-            raise ValueError(f"{name} must be a 2-D tensor (N, D), got shape {tuple(t.shape)}")
+def _clouds(points: List[Tensor], batches: List[Optional[Tensor]], names: List[str],
+            batch_size: Optional[int]) -> Tuple[int, List[_Clouds]]:
+    """The layout of each (points, batch) of a call, clouds numbered 0 .. max over all batch vectors
+    (at least batch_size). Two host reads for all (cloud numbers and order, then the sizes), none
+    when every batch is None."""
+    given: List[Tensor] = []
+    for b in batches:
+        if b is not None and b.shape[0] > 0:
+            given.append(torch.stack([b.min(), b.max(), (b[1:] < b[:-1]).any().to(torch.int64)]))
+    stats: List[List[int]] = torch.stack(given).tolist() if len(given) > 0 else []
+    num_clouds = 1 if batch_size is None else batch_size
+    j = 0
+    for i in range(len(batches)):
+        b = batches[i]
+        if b is not None and b.shape[0] > 0:
+            if stats[j][0] < 0:
+                raise ValueError(f"{names[i]} must hold cloud numbers >= 0, got {stats[j][0]}")
+            num_clouds = max(num_clouds, stats[j][1] + 1)
+            j += 1
+    counts: List[Tensor] = []
+    for i in range(len(batches)):
+        b, n, device = batches[i], points[i].shape[0], points[i].device
+        if b is None:
+            counts.append(torch.zeros(num_clouds, dtype=torch.int64, device=device).index_fill_(0, torch.zeros(
+                1, dtype=torch.int64, device=device), n))
+        else:
+            counts.append(torch.zeros(num_clouds, dtype=torch.int64, device=device).index_add_(0, b, torch.ones_like(b)))
+    largest: List[int] = torch.stack([c.max() for c in counts]).tolist() if len(given) > 0 else [
+        p.shape[0] for p in points]
+    layouts: List[_Clouds] = []
+    j = 0
+    for i in range(len(batches)):
+        n, device = points[i].shape[0], points[i].device
+        starts = torch.cumsum(counts[i], 0) - counts[i]
+        b = batches[i]
+        if b is not None and n > 0:
+            ordered = stats[j][2] == 0
+            j += 1
+            if ordered:
+                slot = torch.arange(n, device=device) - starts[b]
+            else:  # one stable sort: a cloud's points keep their order
+                order = torch.argsort(b, stable=True)
+                slot = torch.empty_like(b).index_put_((order,), torch.arange(n, device=device) - starts[b[order]])
+            layouts.append(_Clouds(b, slot, starts, counts[i], largest[i], ordered,
+                                   ordered and n == num_clouds * largest[i]))
+        else:
+            layouts.append(_Clouds(torch.zeros(n, dtype=torch.int64, device=device), torch.arange(n, device=device),
+                                   starts, counts[i], largest[i], True, num_clouds == 1))
+    return num_clouds, layouts
+
+
+def _pad(values: Tensor, c: _Clouds, num_clouds: int) -> Tensor:
+    """(N, F) per-point values -> (B, P, F), zeros in the padding; differentiable."""
+    if c.regular:
+        return values.view(num_clouds, c.largest, values.shape[1])
+    padded = values.new_zeros(num_clouds, c.largest, values.shape[1])
+    return padded.index_put((c.batch, c.slot), values)
+
+
+def _unpad(padded: Tensor, c: _Clouds) -> Tensor:
+    """(B, P, ...) -> (N, ...): each point's row; differentiable."""
+    if c.regular:
+        return padded.flatten(0, 1)
+    return padded[c.batch, c.slot]
+
+
+def _original_index(c: _Clouds, num_clouds: int) -> Tensor:
+    """(B, P) original index of each padded slot, -1 in the padding."""
+    index = torch.full((num_clouds, c.largest), -1, dtype=torch.int64, device=c.batch.device)
+    return index.index_put((c.batch, c.slot), torch.arange(c.batch.shape[0], device=c.batch.device))
+
+
+def _to_original(idx: Tensor, rows_cloud: Tensor, c: _Clouds, num_clouds: int) -> Tensor:
+    """(R, K) slots in the clouds of c (-1: none) of rows in clouds rows_cloud (R,) -> indices
+    into c's packed points, -1 kept."""
+    if c.ordered:
+        return torch.where(idx >= 0, c.starts[rows_cloud][:, None] + idx, idx)
+    return torch.where(idx >= 0, _original_index(c, num_clouds)[rows_cloud[:, None], idx.clamp(min=0)], idx)
+
+
+def _compact(cols: Tensor) -> Tensor:
+    """(Ny, K) neighbour indices (-1: none) -> (2, E) edges, row 0 the query, in row order; one
+    host read (the number of edges)."""
+    flat = cols.reshape(-1)
+    at = torch.nonzero(flat >= 0).squeeze(1)
+    return torch.stack([torch.div(at, cols.shape[1], rounding_mode="floor"), flat[at]])
+
+
+def _empty_edges(x: Tensor) -> Tensor:
+    return torch.empty(2, 0, dtype=torch.int64, device=x.device)
+
+
+def _check_count(name: str, value: int) -> None:
+    if not torch.jit.is_scripting():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {repr(value)}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+
+
+def _check_pair(x: Tensor, y: Tensor) -> None:
     if x.shape[1] != y.shape[1]:
-        raise ValueError(f"{x_name} and {y_name} must have the same point dimension D, got {x_name} "
-                         f"{tuple(x.shape)} and {y_name} {tuple(y.shape)}")
+        raise ValueError(f"x and y must have the same point dimension D, got x {list(x.shape)} and y {list(y.shape)}")
+    if x.dtype != y.dtype or x.device != y.device:
+        raise ValueError(f"x and y must have the same dtype and device, got x {x.dtype} on {x.device} and "
+                         f"y {y.dtype} on {y.device}")
 
 
-def _edges(idx_rows: Tensor, x_clouds: "_Clouds", y_clouds: "_Clouds") -> Tensor:
-    """(2, E) edges from (Ny, K) neighbour slots (-1: none): row 0 the y index, row 1 the x index,
-    rows ascending and each row's neighbours in the search's order."""
-    if x_clouds.largest == 0:  # no x point at all: nothing to index (and nothing was found)
-        return torch.empty(2, 0, dtype=torch.int64, device=idx_rows.device)
-    cols = x_clouds.index[y_clouds.batch[:, None], idx_rows.clamp(min=0)]
-    mask = idx_rows >= 0
-    rows = torch.arange(idx_rows.shape[0], device=idx_rows.device)[:, None].expand_as(idx_rows)
-    return torch.stack([rows[mask], cols[mask]])
+def _prepare(x: Tensor, y: Tensor, batch_x: Optional[Tensor], batch_y: Optional[Tensor],
+             batch_size: Optional[int], op: str) -> Tuple[int, _Clouds, _Clouds]:
+    if not torch.jit.is_scripting():
+        refuse_under_vmap(op, "the number of edges depends on the values; stack the samples as more clouds of the "
+                          "batch vectors, or use the padded ops (knn_points, ball_query), which vmap batches")
+    _check_batch(batch_x, x, "batch_x", "x")
+    _check_batch(batch_y, y, "batch_y", "y")
+    num_clouds, layouts = _clouds([x, y], [batch_x, batch_y], ["batch_x", "batch_y"], batch_size)
+    return num_clouds, layouts[0], layouts[1]
 
 
-def knn(x: Tensor, y: Tensor, k: int, batch_x: Optional[Tensor] = None, batch_y: Optional[Tensor] = None, *,
+def _lengths(c: _Clouds) -> Optional[Tensor]:
+    """The search's lengths: none for a regular layout (every cloud full: no host check)."""
+    return None if c.regular else c.counts
+
+
+def _knn_cols(x: Tensor, y: Tensor, k: int, batch_x: Optional[Tensor], batch_y: Optional[Tensor], cosine: bool,
+              batch_size: Optional[int], algorithm: str) -> Tensor:
+    """(Ny, k) indices into x of each point of y's nearest points of its cloud, -1 for none."""
+    if cosine:
+        x = torch.nn.functional.normalize(x.to(torch.float64), dim=1, eps=0.0)  # 0 / 0: NaN, never matched
+        y = torch.nn.functional.normalize(y.to(torch.float64), dim=1, eps=0.0)
+    num_clouds, cx, cy = _prepare(x, y, batch_x, batch_y, batch_size, "knn")
+    if cx.largest == 0:
+        return torch.full((y.shape[0], k), -1, dtype=torch.int64, device=y.device)
+    _, idx = torch.ops.pointops.knn_points(_pad(y, cy, num_clouds), _pad(x, cx, num_clouds), _lengths(cy),
+                                           _lengths(cx), k, 2, algorithm)
+    return _to_original(_unpad(idx, cy), cy.batch, cx, num_clouds)
+
+
+def _radius_cols(x: Tensor, y: Tensor, r: float, batch_x: Optional[Tensor], batch_y: Optional[Tensor],
+                 max_num_neighbors: int, batch_size: Optional[int], ignore_same_index: bool, algorithm: str) -> Tensor:
+    """(Ny, max_num_neighbors (+ 1)) indices into x within r of each point of y, -1 for none."""
+    num_clouds, cx, cy = _prepare(x, y, batch_x, batch_y, batch_size, "radius")
+    if cx.largest == 0:
+        return torch.full((y.shape[0], max_num_neighbors), -1, dtype=torch.int64, device=y.device)
+    width = max_num_neighbors + 1 if ignore_same_index else max_num_neighbors
+    _, idx = torch.ops.pointops.ball_query(_pad(y, cy, num_clouds), _pad(x, cx, num_clouds), _lengths(cy),
+                                           _lengths(cx), width, float(r), algorithm)
+    cols = _to_original(_unpad(idx, cy), cy.batch, cx, num_clouds)
+    if ignore_same_index:  # the first max_num_neighbors others, in index order
+        own = cols == torch.arange(cols.shape[0], device=cols.device)[:, None]
+        # a row without the point itself may hold max_num_neighbors + 1 others: the last one goes
+        last = torch.where(own.any(1), cols[:, max_num_neighbors], -1)
+        cols = torch.cat([cols[:, :max_num_neighbors], last[:, None]], 1).masked_fill(own, -1)
+    return cols
+
+
+def _check_flow(flow: str) -> None:
+    if flow != "source_to_target" and flow != "target_to_source":
+        raise ValueError(f"flow must be 'source_to_target' or 'target_to_source', got '{flow}'")
+
+
+# ---------------------------------------------------------------- torch_cluster's functions
+def knn(x: Tensor, y: Tensor, k: int, batch_x: Optional[Tensor] = None, batch_y: Optional[Tensor] = None,
+        cosine: bool = False, num_workers: int = 1, batch_size: Optional[int] = None,
         algorithm: str = "auto") -> Tensor:
     """For each point of ``y`` the ``k`` nearest points of ``x`` in the same cloud (torch_cluster's
-    ``knn``), squared Euclidean distance.
+    ``knn``): squared Euclidean distance, or with ``cosine=True`` the cosine distance
+    ``1 - x.y / (|x| |y|)``, on the CPU too (torch_cluster: CUDA only), ranked exactly: the points
+    are normalised and searched in float64, where the squared distance of unit vectors,
+    ``2 - 2 cos``, orders them as the cosine distance does. A zero vector has no direction: it is
+    never a neighbour and has none.
 
     Returns:
         (2, E) int64 edges: row 0 indexes y (the query), row 1 indexes x (the neighbour). Rows come in
         increasing y order, each y's neighbours nearest first (ties: smaller index). A query whose
-        cloud in x has fewer than k points gets fewer edges (no padding).
-
-    ``algorithm`` (keyword-only): :func:`pointops.knn_points`' search choice, ``"auto"``, ``"brute"``
-    or ``"grid"`` (D = 2, 3); the same edges either way.
+        cloud in x has fewer than k points gets fewer edges. Any k >= 1 (torch_cluster's CUDA: k <= 100).
     """
-    _check_points(x, y)
+    if x.numel() == 0 or y.numel() == 0:
+        return _empty_edges(x)
+    x, y = _points(x, "x"), _points(y, "y")
+    _check_pair(x, y)
     _check_count("k", k)
-    refuse_under_vmap("knn", "a cloud with fewer than k points, or with NaN points, has fewer edges; stack the samples "
-                      "as more clouds of the batch vectors, or use pointops.knn_points (padded clouds), which vmap batches")
-    x_clouds, y_clouds = _clouds((x, _batch_vector(batch_x, x, "batch_x", "x"), "batch_x"),
-                                 (y, _batch_vector(batch_y, y, "batch_y", "y"), "batch_y"))
-    if x_clouds.num_clouds == 0:
-        return torch.empty(2, 0, dtype=torch.int64, device=x.device)
-    _, idx, _ = knn_points(y_clouds.pad(y), x_clouds.pad(x), y_clouds.counts, x_clouds.counts, K=k,
-                           algorithm=algorithm)
-    return _edges(y_clouds.unpad(idx), x_clouds, y_clouds)
+    return _compact(_knn_cols(x, y, k, batch_x, batch_y, cosine, batch_size, algorithm))
+
+
+def knn_graph(x: Tensor, k: int, batch: Optional[Tensor] = None, loop: bool = False,
+              flow: str = "source_to_target", cosine: bool = False, num_workers: int = 1,
+              batch_size: Optional[int] = None, algorithm: str = "auto") -> Tensor:
+    """The k-nearest-neighbour graph of the points ``x`` (torch_cluster's ``knn_graph``): each
+    point's ``k`` nearest points of its cloud, as torch_cluster computes it: ``k + 1`` neighbours
+    when ``loop`` is False, then the self edges dropped (so a point with more than ``k`` exact
+    duplicates of smaller index keeps ``k + 1`` edges, as in torch_cluster).
+
+    Returns:
+        (2, E) int64 edges. ``flow="source_to_target"`` (default): row 0 the neighbour, row 1 the
+        point (messages flow from the neighbours to the point); ``"target_to_source"``: swapped.
+    """
+    _check_flow(flow)
+    if x.numel() == 0:
+        return _empty_edges(x)
+    x = _points(x, "x")
+    _check_count("k", k)
+    cols = _knn_cols(x, x, k if loop else k + 1, batch, batch, cosine, batch_size, algorithm)
+    if not loop:
+        cols = cols.masked_fill(cols == torch.arange(cols.shape[0], device=cols.device)[:, None], -1)
+    edges = _compact(cols)  # row 0 the point, row 1 its neighbour
+    return edges.flip(0) if flow == "source_to_target" else edges
 
 
 def radius(x: Tensor, y: Tensor, r: float, batch_x: Optional[Tensor] = None, batch_y: Optional[Tensor] = None,
-           max_num_neighbors: int = 32, *, algorithm: str = "auto") -> Tensor:
+           max_num_neighbors: int = 32, num_workers: int = 1, batch_size: Optional[int] = None,
+           ignore_same_index: bool = False, algorithm: str = "auto") -> Tensor:
     """For each point of ``y`` the points of ``x`` in the same cloud whose squared distance is below
-    ``r**2``, at most ``max_num_neighbors`` of them: the first ones in x's index order (torch_cluster's
-    ``radius`` on CUDA; its CPU version keeps a tree order instead).
+    ``r**2`` (torch_cluster's ``radius``), at most ``max_num_neighbors`` of them: the first ones in
+    x's index order, as torch_cluster's CUDA kernel keeps them (its docstring says "picked randomly";
+    its CPU k-d tree keeps another subset). ``ignore_same_index``: a point of y never has the point
+    of x with its own index as a neighbour (``x`` and ``y`` the same points), and that point does not
+    count towards ``max_num_neighbors``.
 
     Returns:
         (2, E) int64 edges: row 0 indexes y, row 1 indexes x; rows ascending, each row's neighbours in
         increasing x index.
-
-    ``algorithm`` (keyword-only): :func:`pointops.ball_query`'s search choice, ``"auto"``,
-    ``"brute"`` or ``"grid"`` (D = 2, 3); the same edges either way.
     """
-    _check_points(x, y)
+    if x.numel() == 0 or y.numel() == 0:
+        return _empty_edges(x)
+    x, y = _points(x, "x"), _points(y, "y")
+    _check_pair(x, y)
     _check_count("max_num_neighbors", max_num_neighbors)
-    refuse_under_vmap("radius", "stack the samples as more clouds of the batch vectors, or use pointops.ball_query "
-                      "(padded clouds), which vmap batches")
-    x_clouds, y_clouds = _clouds((x, _batch_vector(batch_x, x, "batch_x", "x"), "batch_x"),
-                                 (y, _batch_vector(batch_y, y, "batch_y", "y"), "batch_y"))
-    if x_clouds.num_clouds == 0:
-        return torch.empty(2, 0, dtype=torch.int64, device=x.device)
-    _, idx, _ = ball_query(y_clouds.pad(y), x_clouds.pad(x), y_clouds.counts, x_clouds.counts, K=max_num_neighbors,
-                           radius=r, return_nn=False, algorithm=algorithm)
-    return _edges(y_clouds.unpad(idx), x_clouds, y_clouds)
+    _check_radius(r)
+    return _compact(_radius_cols(x, y, r, batch_x, batch_y, max_num_neighbors, batch_size, ignore_same_index,
+                                 algorithm))
 
 
-def fps(x: Tensor, batch: Optional[Tensor] = None, ratio: float = 0.5, random_start: bool = True, *,
-        generator: Optional[torch.Generator] = None) -> Tensor:
-    """Farthest point sampling of packed clouds (torch_cluster's ``fps``): ``ceil(ratio * n)``
-    points from a cloud of n (computed in float32, as torch_cluster does), each cloud starting at a
-    random point (``random_start=True``, torch_cluster's default; drawn from ``generator``) or at its
-    first point. Semantics otherwise as :func:`pointops.sample_farthest_points`.
+def radius_graph(x: Tensor, r: float, batch: Optional[Tensor] = None, loop: bool = False,
+                 max_num_neighbors: int = 32, flow: str = "source_to_target", num_workers: int = 1,
+                 batch_size: Optional[int] = None, algorithm: str = "auto") -> Tensor:
+    """The graph of the points of ``x`` closer than ``r`` within a cloud (torch_cluster's
+    ``radius_graph``): :func:`radius` of ``x`` with itself, the point itself left out unless
+    ``loop``, at most ``max_num_neighbors`` neighbours per point (the first in index order).
 
     Returns:
-        (S,) int64 indices into x: cloud 0's samples in the order taken, then cloud 1's, ...
+        (2, E) int64 edges, ``flow`` as :func:`knn_graph`.
     """
-    _require_tensors(x=x)
-    if x.dim() != 2:
-        raise ValueError(f"x must be a 2-D tensor (N, D), got shape {tuple(x.shape)}")
-    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 < ratio <= 1:
-        raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
-    refuse_under_vmap("fps", "clouds with NaN points have fewer samples; stack the samples as more clouds of the batch "
-                      "vector, or use pointops.sample_farthest_points (padded clouds), which vmap batches")
-    (clouds,) = _clouds((x, _batch_vector(batch, x, "batch", "x"), "batch"))
-    if clouds.num_clouds == 0:
+    _check_flow(flow)
+    if x.numel() == 0:
+        return _empty_edges(x)
+    x = _points(x, "x")
+    _check_count("max_num_neighbors", max_num_neighbors)
+    _check_radius(r)
+    edges = _compact(_radius_cols(x, x, r, batch, batch, max_num_neighbors, batch_size, not loop, algorithm))
+    return edges.flip(0) if flow == "source_to_target" else edges
+
+
+def _check_radius(r: float) -> None:
+    if not r > 0 or r == float("inf"):  # NaN fails too
+        raise ValueError(f"r (the radius) must be a finite number > 0, got {r}")
+
+
+def _check_sorted(batch: Optional[Tensor], name: str) -> None:
+    if batch is not None and batch.shape[0] > 1 and bool((batch[1:] < batch[:-1]).any()):
+        raise ValueError(f"'{name}' is not sorted")
+
+
+def nearest(x: Tensor, y: Tensor, batch_x: Optional[Tensor] = None, batch_y: Optional[Tensor] = None) -> Tensor:
+    """For each point of ``x`` the index of its nearest point of ``y`` in the same cloud
+    (torch_cluster's ``nearest``): squared Euclidean distance, ties to the smaller index. As
+    torch_cluster, ``batch_x`` and ``batch_y`` must be sorted and every cloud with points in x must
+    have points in y (ValueError otherwise, with torch_cluster's messages). A point of x with NaN or
+    infinite coordinates, or whose cloud's points of y are all non-finite, gets -1.
+
+    Returns:
+        (Nx,) int64 indices into y.
+    """
+    if not torch.jit.is_scripting():
+        refuse_under_vmap("nearest", "stack the samples as more clouds of the batch vectors, or use "
+                          "pointops.nearest_neighbor (padded clouds), which vmap batches")
+    x, y = _points(x, "x"), _points(y, "y")
+    _check_pair(x, y)
+    _check_sorted(batch_x, "batch_x")
+    _check_sorted(batch_y, "batch_y")
+    if x.shape[0] == 0:
         return torch.empty(0, dtype=torch.int64, device=x.device)
-    counts = torch.ceil(clouds.counts.to(torch.float32) * torch.tensor(ratio, dtype=torch.float32)).to(torch.int64)
-    _, idx = sample_farthest_points(clouds.pad(x), clouds.counts, counts, random_start, generator=generator)
-    taken = idx >= 0
-    return clouds.index[torch.arange(clouds.num_clouds, device=x.device)[:, None].expand_as(idx)[taken], idx[taken]]
-
-
-def knn_interpolate(x: Tensor, pos_x: Tensor, pos_y: Tensor, batch_x: Optional[Tensor] = None,
-                    batch_y: Optional[Tensor] = None, k: int = 3, num_workers: int = 1) -> Tensor:
-    """PointNet++ feature propagation (torch_geometric's ``knn_interpolate``): the features ``x``
-    (Nx, F) of the points ``pos_x`` interpolated at ``pos_y`` from each point's ``k`` nearest points of
-    ``pos_x`` in its cloud, weighted by inverse squared distance::
-
-        y_i = sum_j w_ij x_j / sum_j w_ij,   w_ij = 1 / max(|pos_y_i - pos_x_j|^2, 1e-16)
-
-    Differentiable in ``x`` and, unlike torch_geometric (which computes the weights under no_grad),
-    in ``pos_x`` and ``pos_y``. Half-type inputs compute in float32. A point of ``pos_y`` whose cloud
-    in ``pos_x`` is empty gets zeros (torch_geometric: NaN). ``num_workers`` is accepted and ignored.
-
-    Returns:
-        (Ny, F) features at ``pos_y``, in x's dtype.
-    """
-    _check_points(pos_x, pos_y, "pos_x", "pos_y")
-    _require_tensors(x=x)
-    if x.dim() != 2 or x.shape[0] != pos_x.shape[0]:
-        raise ValueError(f"x must be a 2-D tensor (Nx, F) with Nx = {pos_x.shape[0]} (the points of pos_x), "
-                         f"got shape {tuple(x.shape)}")
-    _check_count("k", k)
-    x_clouds, y_clouds = _clouds((pos_x, _batch_vector(batch_x, pos_x, "batch_x", "pos_x"), "batch_x"),
-                                 (pos_y, _batch_vector(batch_y, pos_y, "batch_y", "pos_y"), "batch_y"))
-    if x_clouds.num_clouds == 0:
-        return x.new_zeros(pos_y.shape[0], x.shape[1])
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    dists, idx, _ = knn_points(y_clouds.pad(pos_y), x_clouds.pad(pos_x), y_clouds.counts, x_clouds.counts, K=k)
-    weights = (1.0 / dists.to(compute).clamp(min=1e-16)).masked_fill(idx < 0, 0)
-    features = knn_gather(x_clouds.pad(x.to(compute)), idx)  # (B, P, k, F), zeros where idx = -1
-    total = weights.sum(2, keepdim=True)
-    y = (weights.unsqueeze(-1) * features).sum(2) / torch.where(total > 0, total, torch.ones_like(total))
-    return y_clouds.unpad(y).to(x.dtype)
-
+    _check_batch(batch_x, x, "batch_x", "x")
+    _check_batch(batch_y, y, "batch_y", "y")
+    num_clouds, layouts = _clouds([x, y], [batch_x, batch_y], ["batch_x", "batch_y"], None)
+    cx, cy = layouts[0], layouts[1]
+    if bool(((cx.counts > 0) & (cy.counts == 0)).any()):
+        raise ValueError("Some batch indices occur in 'batch_x' that do not occur in 'batch_y'")
+    _, idx = torch.ops.pointops.knn_points(_pad(x, cx, num_clouds), _pad(y, cy, num_clouds), _lengths(cx),
+                                           _lengths(cy), 1, 2, "auto")
+    return _to_original(_unpad(idx, cx), cx.batch, cy, num_clouds)[:, 0]

@@ -215,6 +215,23 @@ def lattice_clouds(B, N, M, D, dtype, device, seed=0, low=-2, high=2):
 LENGTHS1, LENGTHS2 = [25, 0, 17, 25], [70, 33, 0, 5]
 
 
+def knn_kernel(p1, p2, l1=None, l2=None, norm=2, K=1):
+    """The knn_points op itself: (dists, idx) with idx -1 where there is no neighbour (the face
+    pads those with PyTorch3D's 0, which cannot be told from point 0)."""
+    return torch.ops.pointops.knn_points(p1, p2, l1, l2, K, norm)
+
+
+def check_pytorch3d_padding(out, kernel, p2, l2):
+    """knn_points' face against the op: the same distances, index 0 where the op has -1, and
+    return_nn zeros there (PyTorch3D's knn_gather zeros slots past lengths2; pointops also those
+    the search left empty)."""
+    dists, idx = kernel
+    assert torch.equal(out.dists, dists)
+    assert torch.equal(out.idx, idx.masked_fill(idx < 0, 0))
+    if out.knn is not None:
+        assert torch.equal(out.knn, reference_gather(p2, idx, l2))
+
+
 # ---------------------------------------------------------------- knn_points against the oracle
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -227,11 +244,12 @@ def test_knn_points_matches_oracle(device, dtype, dim):
             cand = candidates(p1, p2, l1, l2, norm)
             nn_dist, nn_idx = pointops.nearest_neighbor(p1, p2, l1, l2, norm=norm)
             for K in KS:
+                dists, idx = knn_kernel(p1, p2, l1, l2, norm, K)
+                check_knn(dists, idx, cand, K, dtype, dim)
                 out = pointops.knn_points(p1, p2, l1, l2, norm=norm, K=K, return_nn=True)
-                check_knn(out.dists, out.idx, cand, K, dtype, dim)
-                assert torch.equal(out.knn, reference_gather(p2, out.idx, l2))  # return_nn is knn_gather's rule
+                check_pytorch3d_padding(out, (dists, idx), p2, l2)
                 # K = 1 is the nearest-neighbour search, and the first column of every K is too: bit for bit
-                first_dist, first_idx = out.dists[..., 0], out.idx[..., 0]
+                first_dist, first_idx = dists[..., 0], idx[..., 0]
                 matched = nn_idx >= 0
                 assert torch.equal(first_idx[matched], nn_idx[matched]), (K, norm)
                 assert torch.equal(first_dist[matched], nn_dist[matched]), (K, norm)
@@ -249,7 +267,7 @@ def test_knn_points_exact_ties_follow_index_order(device, dtype, dim):
         for K in KS:
             dists, idx, _ = pointops.knn_points(p1, p2, l1, l2, norm=norm, K=K)
             ref_dists, ref_idx = reference_knn(cand, K)
-            assert torch.equal(idx.cpu(), ref_idx), (K, norm)
+            assert torch.equal(idx.cpu(), ref_idx.clamp(min=0)), (K, norm)  # PyTorch3D's padding: 0
             # exact integer distances, rounded once to the output dtype (bfloat16 above 256)
             assert torch.equal(dists.cpu(), ref_dists.to(dtype)), (K, norm)
 
@@ -260,7 +278,7 @@ def test_knn_points_hand_made_ties_and_k_beyond_the_cloud(device):
     p2 = torch.tensor([[[3.0, 0.0], [1.0, 0.0], [-1.0, 0.0], [1.0, 0.0]]], device=device)
     for K in (6, 70):  # the register and (on CUDA) the sort path
         dists, idx, _ = pointops.knn_points(p1, p2, K=K)
-        pad = [-1] * (K - 4)
+        pad = [0] * (K - 4)  # PyTorch3D's padding past the cloud: index 0, distance 0
         assert idx.tolist() == [[[1, 2, 3, 0] + pad, [0, 1, 3, 2] + pad]]
         assert dists.tolist() == [[[1, 1, 1, 9] + [0] * (K - 4), [5, 5, 5, 13] + [0] * (K - 4)]]
         dists, idx, _ = pointops.knn_points(p1, p2, K=K, norm=1)
@@ -278,8 +296,10 @@ def test_knn_points_several_tiles_and_query_blocks(device, norm):
         l1, l2 = torch.tensor([70, 33], device=device), torch.tensor([2100, 1030], device=device)
         cand = candidates(p1, p2, l1, l2, norm)
         for K in (2, 16, 65):
-            dists, idx, _ = pointops.knn_points(p1, p2, l1, l2, norm=norm, K=K)
+            dists, idx = knn_kernel(p1, p2, l1, l2, norm, K)
             check_knn(dists, idx, cand, K, torch.float32, dim)
+            check_pytorch3d_padding(pointops.knn_points(p1, p2, l1, l2, norm=norm, K=K, return_nn=True),
+                                    (dists, idx), p2, l2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -317,8 +337,9 @@ def test_non_finite_points_never_matched(device, dtype):
     for norm in (1, 2):
         cand = candidates(p1, p2, norm=norm)
         for K in (1, 2, 17, 65, 130):
-            dists, idx, _ = pointops.knn_points(p1, p2, norm=norm, K=K)
+            dists, idx = knn_kernel(p1, p2, None, None, norm, K)
             check_knn(dists, idx, cand, K, dtype, 3)
+            check_pytorch3d_padding(pointops.knn_points(p1, p2, norm=norm, K=K, return_nn=True), (dists, idx), p2, None)
             idx, dists = idx.cpu(), dists.cpu()
             assert (idx[0, 5] == -1).all() and (idx[0, 6] == -1).all() and (idx[1, 7] == -1).all()
             assert (dists[0, 5:7] == 0).all() and (dists[1, 7] == 0).all()
@@ -338,9 +359,15 @@ def test_knn_points_flags(device):
     lengths2 = torch.tensor([30, 4], device=device)
     base = pointops.knn_points(p1, p2, lengths2=lengths2, K=8)
     assert isinstance(base, pointops.KNN) and base._fields == ("dists", "idx", "knn") and base.knn is None
-    for kwargs in ({"return_sorted": False}, {"version": 0}, {"version": 3}, {"version": -1}):
+    for kwargs in ({"version": 0}, {"version": 3}, {"version": -1}):
         other = pointops.knn_points(p1, p2, lengths2=lengths2, K=8, **kwargs)  # accepted and ignored
         assert torch.equal(other.dists, base.dists) and torch.equal(other.idx, base.idx)
+    # return_sorted=False: the same neighbours, farthest first, padding still last (cloud 1 has 4 points)
+    other = pointops.knn_points(p1, p2, lengths2=lengths2, K=8, return_sorted=False, return_nn=True)
+    assert torch.equal(other.dists[0], base.dists[0].flip(-1)) and torch.equal(other.idx[0], base.idx[0].flip(-1))
+    assert torch.equal(other.dists[1, :, :4], base.dists[1, :, :4].flip(-1)) and (other.dists[1, :, 4:] == 0).all()
+    assert torch.equal(other.idx[1, :, :4], base.idx[1, :, :4].flip(-1)) and (other.idx[1, :, 4:] == 0).all()
+    assert torch.equal(other.knn, pointops.knn_gather(p2, other.idx, lengths2))
     other = pointops.knn_points(p1, p2, lengths2=lengths2.int(), K=8)  # int32 lengths too
     assert torch.equal(other.dists, base.dists) and torch.equal(other.idx, base.idx)
     ball = pointops.ball_query(p1, p2, lengths2=lengths2, K=8, radius=0.7)
@@ -451,15 +478,16 @@ def test_empty_inputs(device):
     p1, p2 = clouds(2, 5, 4, 3, torch.float32, device)
     for K in (1, 3, 70):
         for a, b, shape in [(p1[:0], p2[:0], (0, 5, K)), (p1[:, :0], p2, (2, 0, K)), (p1, p2[:, :0], (2, 5, K))]:
-            for out in (pointops.knn_points(a, b, K=K, return_nn=True), pointops.ball_query(a, b, K=K)):
+            # no neighbour: knn_points pads with PyTorch3D's index 0, ball_query with its -1
+            for out, pad in ((pointops.knn_points(a, b, K=K, return_nn=True), 0), (pointops.ball_query(a, b, K=K), -1)):
                 assert out.dists.shape == shape and out.idx.shape == shape and out.knn.shape == shape + (3,)
                 assert out.dists.dtype == torch.float32 and out.idx.dtype == torch.int64
-                assert (out.idx == -1).all() and (out.dists == 0).all() and (out.knn == 0).all()
+                assert (out.idx == pad).all() and (out.dists == 0).all() and (out.knn == 0).all()
     # all-zero lengths: the clouds exist but hold no valid point
     zero = torch.zeros(2, dtype=torch.int64, device=device)
-    for out in (pointops.knn_points(p1, p2, zero, None, K=3), pointops.knn_points(p1, p2, None, zero, K=3),
-                pointops.ball_query(p1, p2, zero, None, K=3), pointops.ball_query(p1, p2, None, zero, K=3)):
-        assert (out.idx == -1).all() and (out.dists == 0).all()
+    for out, pad in ((pointops.knn_points(p1, p2, zero, None, K=3), 0), (pointops.knn_points(p1, p2, None, zero, K=3), 0),
+                     (pointops.ball_query(p1, p2, zero, None, K=3), -1), (pointops.ball_query(p1, p2, None, zero, K=3), -1)):
+        assert (out.idx == pad).all() and (out.dists == 0).all()
     a, b = p1.clone().requires_grad_(), p2.clone().requires_grad_()
     out = pointops.knn_points(a, b[:, :0], K=3)
     ball = pointops.ball_query(a[:, :0], b, K=3)
@@ -473,7 +501,7 @@ def test_single_point_and_identical_points(device, dtype):
     p1 = torch.tensor([[[1.0, 2.0, 3.0]]], dtype=dtype, device=device)
     p2 = torch.tensor([[[1.0, 2.0, 5.0]]], dtype=dtype, device=device)
     dists, idx, nn = pointops.knn_points(p1, p2, K=3, return_nn=True)
-    assert idx.tolist() == [[[0, -1, -1]]] and dists.tolist() == [[[4.0, 0.0, 0.0]]]
+    assert idx.tolist() == [[[0, 0, 0]]] and dists.tolist() == [[[4.0, 0.0, 0.0]]]  # PyTorch3D's padding
     assert torch.equal(nn[0, 0, 0], p2[0, 0]) and (nn[0, 0, 1:] == 0).all()
     assert pointops.ball_query(p1, p2, K=2, radius=2.5).idx.tolist() == [[[0, -1]]]
     assert pointops.ball_query(p1, p2, K=2, radius=2.0).idx.tolist() == [[[-1, -1]]]  # d == r: outside
@@ -482,7 +510,7 @@ def test_single_point_and_identical_points(device, dtype):
     for K in (1, 5, 64, 65, 130):
         dists, idx, _ = pointops.knn_points(same[:, :7], same, K=K)
         expected = torch.arange(K).where(torch.arange(K) < 100, -1).expand(2, 7, K)
-        assert torch.equal(idx.cpu(), expected) and (dists == 0).all()
+        assert torch.equal(idx.cpu(), expected.clamp(min=0)) and (dists == 0).all()
         dists, idx, _ = pointops.ball_query(same[:, :7], same, K=K, radius=0.1)
         assert torch.equal(idx.cpu(), expected) and (dists == 0).all()
 
@@ -561,7 +589,7 @@ def test_knn_points_gradient_values(device, dtype, norm):
     w = torch.rand(dists.shape, generator=torch.Generator().manual_seed(1)).to(dtype).to(device)
     (dists * w).sum().backward()
 
-    idx, w = idx.cpu(), w.cpu().double()
+    idx, w = knn_kernel(p1, p2, None, l2, norm, K)[1].cpu(), w.cpu().double()  # -1 where the face pads with 0
     valid = idx >= 0
     ra = p1.detach().cpu().double().requires_grad_()
     rb = p2.detach().cpu().double().requires_grad_()

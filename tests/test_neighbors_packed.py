@@ -343,20 +343,20 @@ def test_no_shared_cloud_and_tiny_inputs(device):
 def test_error_messages(device):
     x, y = torch.randn(6, 3, device=device), torch.randn(4, 3, device=device)
     bx = torch.zeros(6, dtype=torch.int64, device=device)
-    with pytest.raises(ValueError, match=r"x must be a 2-D tensor \(N, D\), got shape \(1, 6, 3\)"):
+    with pytest.raises(ValueError, match=r"x must be a tensor \(N, D\) or \(N,\), got shape \[1, 6, 3\]"):
         pointops.knn(x[None], y, 2)
-    with pytest.raises(ValueError, match=r"x and y must have the same point dimension D, got x \(6, 3\) and "
-                                         r"y \(4, 2\)"):
+    with pytest.raises(ValueError, match=r"x and y must have the same point dimension D, got x \[6, 3\] and "
+                                         r"y \[4, 2\]"):
         pointops.knn(x, y[:, :2], 2)
     for fn in (lambda **kw: pointops.knn(x, y, 2, **kw), lambda **kw: pointops.radius(x, y, 0.5, **kw),
                lambda **kw: pointops.knn_interpolate(x, x, y, **kw)):
         with pytest.raises(TypeError, match="batch_x must be an int64 tensor, got torch.int32"):
             fn(batch_x=bx.int())
         with pytest.raises(ValueError, match=r"batch_x must have shape \(N,\) = \(6,\) to match (pos_)?x, got "
-                                             r"shape \(5,\)"):
+                                             r"shape \[5\]"):
             fn(batch_x=bx[:5])
         with pytest.raises(ValueError, match=r"batch_y must have shape \(N,\) = \(4,\) to match (pos_)?y, got "
-                                             r"shape \(1, 4\)"):
+                                             r"shape \[1, 4\]"):
             fn(batch_y=bx[None, :4])
         with pytest.raises(ValueError, match="batch_x must hold cloud numbers >= 0, got -1"):
             fn(batch_x=bx - 1)
@@ -371,19 +371,34 @@ def test_error_messages(device):
     with pytest.raises(ValueError, match="max_num_neighbors must be at least 1, got 0"):
         pointops.radius(x, y, 0.5, max_num_neighbors=0)
     for r in (0.0, -1.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="radius must be a finite number > 0"):
+        with pytest.raises(ValueError, match=r"r \(the radius\) must be a finite number > 0"):
             pointops.radius(x, y, r)
-    for ratio in (0, 0.0, -0.5, 1.5, float("nan"), True):
+    for ratio in (0, 0.0, -0.5, 1.5, float("nan")):
         with pytest.raises(ValueError, match=r"ratio must be a number in \(0, 1\], got"):
             pointops.fps(x, ratio=ratio)
-    with pytest.raises(ValueError, match=r"x must be a 2-D tensor \(N, D\), got shape \(6,\)"):
-        pointops.fps(x[:, 0])
-    with pytest.raises(ValueError, match=r"batch must have shape \(N,\) = \(6,\) to match x"):
+    for ratio in (torch.tensor(0.0), torch.tensor([1.5]), torch.tensor([float("nan")])):
+        with pytest.raises(ValueError, match=r"ratio must hold numbers in \(0, 1\], got"):
+            pointops.fps(x, ratio=ratio.to(device))
+    with pytest.raises(ValueError, match=r"ratio must be a float, a tensor \(\) or \(1,\), or one ratio per cloud "
+                                         r"\(1,\), got shape \[2\]"):
+        pointops.fps(x, ratio=torch.tensor([0.5, 0.5], device=device))
+    with pytest.raises(TypeError, match="ratio must be a float or a tensor, got bool True"):
+        pointops.fps(x, ratio=True)
+    with pytest.raises(TypeError, match="ratio must be a float or a floating tensor, got torch.int64"):
+        pointops.fps(x, ratio=torch.tensor(1, device=device))
+    with pytest.raises(ValueError, match=r"src must be a tensor \(N, D\) or \(N,\), got shape \[1, 6, 3\]"):
+        pointops.fps(x[None])
+    with pytest.raises(ValueError, match=r"ptr must run from 0 to the number of points \(6\) without decreasing, "
+                                         r"got \[0, 4, 3, 6\]"):
+        pointops.fps(x, ptr=[0, 4, 3, 6])
+    with pytest.raises(ValueError, match=r"ptr must run from 0 to the number of points \(6\)"):
+        pointops.fps(x, ptr=torch.tensor([0, 5], device=device))
+    with pytest.raises(ValueError, match=r"batch must have shape \(N,\) = \(6,\) to match src"):
         pointops.fps(x, bx[:2])
     with pytest.raises(ValueError, match="batch must hold cloud numbers >= 0, got -1"):
         pointops.fps(x, bx - 1)
     with pytest.raises(ValueError, match=r"x must be a 2-D tensor \(Nx, F\) with Nx = 6 \(the points of pos_x\), got "
-                                         r"shape \(5, 2\)"):
+                                         r"shape \[5, 2\]"):
         pointops.knn_interpolate(torch.zeros(5, 2, device=device), x, y)
 
 
@@ -392,7 +407,7 @@ def test_error_batch_on_another_device():
     x, y = torch.randn(6, 3, device="cuda"), torch.randn(4, 3, device="cuda")
     with pytest.raises(ValueError, match=r"batch_x must be on the same device as x \(cuda:0\), got cpu"):
         pointops.knn(x, y, 2, torch.zeros(6, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"batch must be on the same device as x \(cuda:0\), got cpu"):
+    with pytest.raises(ValueError, match=r"batch must be on the same device as src \(cuda:0\), got cpu"):
         pointops.fps(x, torch.zeros(6, dtype=torch.int64))
 
 

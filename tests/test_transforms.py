@@ -246,9 +246,13 @@ def test_integer_ops_run_inside_transforms(device):
         edges = pointops.knn(q, q, 3, batch, batch)
         near = pointops.radius(q, q, 0.8, batch, batch, max_num_neighbors=4)
         sampled = pointops.fps(q, batch, ratio=0.5, random_start=False)
+        graph = torch.cat([pointops.knn_graph(q, 2, batch), pointops.radius_graph(q, 0.8, batch, max_num_neighbors=2)], 1)
+        closest = pointops.nearest(q, q[::2], batch, batch[::2])
+        cells = pointops.grid_cluster(q, torch.full((3,), 0.5, dtype=q.dtype, device=q.device))
         idx = pointops.knn_points(p, p, K=2).idx
         fps_idx = pointops.sample_farthest_points(p, K=3)[1]
         return ((q[edges[1]] - q[edges[0]]) ** 2).sum() + q[near[1]].sum() + q[sampled].sum() \
+            + q[graph[0]].sum() + q[closest].sum() + q[cells % len(q)].sum() \
             + pointops.knn_gather(p, idx).sum() + torch.gather(p, 1, fps_idx[..., None].expand(-1, -1, 3)).sum()
 
     leaf = x.clone().requires_grad_()
@@ -263,8 +267,12 @@ def test_integer_ops_run_inside_transforms(device):
     assert torch.equal(idx[1], pointops.knn_points(x.flip(1), x.flip(1), K=2).idx)
     fps_idx = vmap(lambda p: pointops.sample_farthest_points(p, K=3)[1])(stacked)
     assert torch.equal(fps_idx[0], pointops.sample_farthest_points(x, K=3)[1])
+    size = torch.full((3,), 0.5, dtype=x.dtype, device=device)
+    cells = vmap(lambda p: pointops.grid_cluster(p.reshape(-1, 3), size))(stacked)
+    assert torch.equal(cells[1], pointops.grid_cluster(x.flip(1).reshape(-1, 3), size))
     for name, call in (("knn", lambda q: pointops.knn(q, q, 3)), ("radius", lambda q: pointops.radius(q, q, 0.5)),
-                       ("fps", lambda q: pointops.fps(q, ratio=0.5))):
+                       ("fps", lambda q: pointops.fps(q, ratio=0.5)), ("knn", lambda q: pointops.knn_graph(q, 3)),
+                       ("radius", lambda q: pointops.radius_graph(q, 0.5)), ("nearest", lambda q: pointops.nearest(q, q))):
         with pytest.raises(RuntimeError, match=f"pointops.{name} cannot run under torch.vmap"):
             vmap(call)(torch.stack([flat, flat]))
 

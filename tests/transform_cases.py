@@ -481,7 +481,7 @@ CASES = [
 
 # Public functions whose outputs are integer only (or that are not ops): no derivative to check.
 # The integer-output ops still run inside every transform (test_integer_ops_run_inside_transforms).
-INTEGER_OUTPUT_OPS = ("knn", "radius", "fps")
+INTEGER_OUTPUT_OPS = ("knn", "knn_graph", "radius", "radius_graph", "nearest", "fps", "grid_cluster")
 NOT_OPS = ("build_info",)
 # Modules, result types and wrappers: each is its function with parameters held (ChamferLoss ->
 # chamfer_distance, Voxelizer -> voxelize, ParticleSum -> particle_sum, KNN / Voxels: result tuples).
