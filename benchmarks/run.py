@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import environment_line  # noqa: E402
 
-FAMILIES = ["bench_chamfer", "bench_voxelize", "bench_particle_sum", "bench_strided", "bench_neighbors", "bench_grid",
-            "bench_overhead", "bench_transforms"]
+FAMILIES = ["bench_chamfer", "bench_voxelize", "bench_particle_sum", "bench_strided", "bench_neighbors",
+            "bench_cluster", "bench_grid", "bench_overhead", "bench_transforms"]
 
 
 def main():
