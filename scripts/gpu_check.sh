@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The one command the GPU machine runs: build, CUDA tests, compute-sanitizer,
-# benchmarks, multi-GPU (DDP example timing, second-GPU tests). Logs land in $OUT (the device tool
-# brings them back).
-#   STAGES="build test sanitize bench ddp" scripts/gpu_check.sh     (default: all five)
+# The one command the GPU machine runs: build, CUDA tests, compute-sanitizer, the peers' own test
+# suites, benchmarks, multi-GPU (DDP example timing, second-GPU tests). Logs land in $OUT (the device
+# tool brings them back).
+#   STAGES="build test sanitize peers bench ddp" scripts/gpu_check.sh     (default: all six)
 #   PYTEST_TARGETS=tests/test_chamfer.py PYTEST_K="graph" BENCH_ARGS="--only chamfer" ...
 #   PYTEST_MARK="cuda"   (default: the tests that need a GPU, every one of them, as tests/conftest.py
 #                         marks them; CI on the CPU runs the rest. PYTEST_MARK="" runs everything)
@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/pointops-out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-build test sanitize bench ddp}
+STAGES=${STAGES:-build test sanitize peers bench ddp}
 export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} PYTHONUNBUFFERED=1
 # The GPU image's Python was built with /opt/gcc/bin/g++, which links libstdc++ statically into
 # every extension: a second libstdc++ copy whose locale facets are never initialised, so the first
@@ -32,9 +32,9 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 peers_pid=""
-if stage bench && [ -f .peers/pytorch3d/binding.cpp ]; then
-  (cd benchmarks && python -c "import peers; print('peers built:', peers.load_pytorch3d() is not None)") \
-    >"$OUT/peers-build.log" 2>&1 &
+if stage bench && [ -d .peers ]; then
+  (cd benchmarks && python -c "import peers; print('peers built:', peers.load_pytorch3d() is not None, \
+    peers.load_torch_cluster() is not None)") >"$OUT/peers-build.log" 2>&1 &
   peers_pid=$!
 fi
 
@@ -77,6 +77,17 @@ if stage sanitize; then
     echo "compute-sanitizer memcheck on CUDA tests: rc=$rc, $(grep -E 'ERROR SUMMARY' "$OUT/sanitize-tests.log" | tail -1) $(grep -E 'passed|failed' "$OUT/sanitize-tests.log" | tail -1)"
     [ $rc -eq 0 ] || { status=1; tail -30 "$OUT/sanitize-tests.log"; }
   fi
+fi
+
+# PyTorch3D's and torch_cluster's own neighbour tests with pointops as the implementation (their
+# CUDA variants run here). Their extra Python packages travel as wheels in .whl/ when missing.
+if stage peers; then
+  ls .whl/*.whl >/dev/null 2>&1 && python -m pip install -q --no-deps --no-index .whl/*.whl >/dev/null 2>&1
+  python scripts/peer_suites.py >"$OUT/peer-suites.log" 2>&1
+  rc=$?
+  sed -n '/===== summary/,$p' "$OUT/peer-suites.log"
+  [ $rc -eq 0 ] || status=1
+  elapsed peers
 fi
 
 if stage bench; then
