@@ -93,30 +93,42 @@ def _clouds(points: List[Tensor], batches: List[Optional[Tensor]], names: List[s
                 raise ValueError(f"{names[i]} must hold cloud numbers >= 0, got {stats[j][0]}")
             num_clouds = max(num_clouds, stats[j][1] + 1)
             j += 1
+    # Cloud sizes from each (sorted) batch vector's boundaries: a binary search per cloud, where a
+    # scatter-add of ones would serialise on the few counters (0.3 ms for 262k points on an H200).
+    bounds = torch.arange(num_clouds + 1, device=points[0].device)
+    sorted_batches: List[Optional[Tensor]] = []
     counts: List[Tensor] = []
+    j = 0
     for i in range(len(batches)):
         b, n, device = batches[i], points[i].shape[0], points[i].device
-        if b is None:
-            counts.append(torch.zeros(num_clouds, dtype=torch.int64, device=device).index_fill_(0, torch.zeros(
-                1, dtype=torch.int64, device=device), n))
+        if b is not None and n > 0:
+            order: Optional[Tensor] = None
+            if stats[j][2] != 0:
+                order = torch.argsort(b, stable=True)  # stable: a cloud's points keep their order
+                ptr = torch.searchsorted(b[order], bounds.to(device))
+            else:
+                ptr = torch.searchsorted(b, bounds.to(device))
+            sorted_batches.append(order)
+            counts.append(ptr[1:] - ptr[:-1])
+            j += 1
         else:
-            counts.append(torch.zeros(num_clouds, dtype=torch.int64, device=device).index_add_(0, b, torch.ones_like(b)))
+            sorted_batches.append(None)
+            counts.append(torch.zeros(num_clouds, dtype=torch.int64, device=device).index_fill_(
+                0, torch.zeros(1, dtype=torch.int64, device=device), n))
     largest: List[int] = torch.stack([c.max() for c in counts]).tolist() if len(given) > 0 else [
         p.shape[0] for p in points]
     layouts: List[_Clouds] = []
-    j = 0
     for i in range(len(batches)):
         n, device = points[i].shape[0], points[i].device
         starts = torch.cumsum(counts[i], 0) - counts[i]
         b = batches[i]
         if b is not None and n > 0:
-            ordered = stats[j][2] == 0
-            j += 1
-            if ordered:
+            order = sorted_batches[i]
+            if order is None:
                 slot = torch.arange(n, device=device) - starts[b]
-            else:  # one stable sort: a cloud's points keep their order
-                order = torch.argsort(b, stable=True)
+            else:
                 slot = torch.empty_like(b).index_put_((order,), torch.arange(n, device=device) - starts[b[order]])
+            ordered = order is None
             layouts.append(_Clouds(b, slot, starts, counts[i], largest[i], ordered,
                                    ordered and n == num_clouds * largest[i]))
         else:
