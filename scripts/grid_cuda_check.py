@@ -557,9 +557,12 @@ def run_ball(g=None):
     os.environ.pop("POINTOPS_GRID_BALL_CELL", None)
 
     print("== ball_query grid vs brute (uniform unit cube, float32, D=3)")
-    for B, n in ((1, 4096), (8, 4096), (32, 2048), (8, 16384), (1, 65536), (1, 262144)):
+    # many small clouds too (PyG's batches: 64 x 4096, radius_graph's K = max_num_neighbors + 1 = 33):
+    # one grid build serves the whole batch, so the crossover may follow the pairs, not the cloud size
+    for B, n in ((1, 4096), (8, 4096), (32, 2048), (16, 4096), (64, 4096), (64, 2048), (256, 1024), (8, 16384),
+                 (1, 65536), (1, 262144)):
         p1, p2 = torch.rand(B, n, 3, generator=g, device=DEV), torch.rand(B, n, 3, generator=g, device=DEV)
-        for K in (16, 64):
+        for K in (16, 33, 64):
             for radius in (0.02, 0.05, 0.1, 0.2, 0.4, 1.0):
                 grid = lambda: ops.ball_query(p1, p2, K=K, radius=radius, algorithm="grid")  # noqa: E731
                 brute = lambda: ops.ball_query(p1, p2, K=K, radius=radius, algorithm="brute")  # noqa: E731
