@@ -2,7 +2,8 @@
 written here (no pointops call), exact ties, ragged / empty / non-finite inputs, gradients
 (gradcheck, gradgradcheck), CPU == CUDA bit for bit, errors, opcheck, torch.compile, CUDA graphs and
 streams. The packed faces (knn, radius, fps, knn_interpolate) are in test_neighbors_packed.py, which
-uses the oracle and checkers of this file."""
+uses the oracle and checkers of this file; torch_cluster's graph builders, nearest and grid_cluster
+in test_torch_cluster_face.py."""
 import math
 
 import pytest

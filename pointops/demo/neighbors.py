@@ -9,7 +9,7 @@ import pathlib
 import torch
 
 from ..neighbors import ball_query, knn_gather, sample_farthest_points
-from ..neighbors_packed import knn_interpolate
+from ..sampling_packed import knn_interpolate
 from ._common import time_ms
 
 
